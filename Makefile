@@ -1,0 +1,39 @@
+# infermesh — build, run, test, benchmark.
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
+TESTFLAGS ?=
+
+.PHONY: all build run test test-short bench bench-quick lint clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+## run: the agent in dev mode (one node, the built-in demo model as role chat on 127.0.0.1:18080)
+run: build
+	$(BIN)/infermeshd -dev
+
+## test: every test, with the race detector (Docker and sshd tests included)
+test:
+	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
+
+test-short:
+	$(GO) test -count=1 -short ./...
+
+## bench: the proxy against direct connection, nginx and haproxy, side by side
+bench: build
+	bash bench/run.sh
+
+## bench-quick: the same harness in under a minute (CI keeps it working; asserts no speed)
+bench-quick: build
+	BENCH_QUICK=1 bash bench/run.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN) bench/results

@@ -1,0 +1,540 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// Config is the agent's configuration file (YAML). Decoding is strict: an
+// unknown key is an error naming the key and its line. See configs/ for
+// annotated examples and the README for the reference.
+type Config struct {
+	Node  NodeConfig            `yaml:"node"`
+	Site  string                `yaml:"site"`
+	Log   LogConfig             `yaml:"log"`
+	Mesh  MeshConfig            `yaml:"mesh"`
+	Trust TrustConfig           `yaml:"trust"`
+	Admin AdminConfig           `yaml:"admin"`
+	Proxy ProxyConfig           `yaml:"proxy"`
+	Roles map[string]RoleConfig `yaml:"roles"`
+
+	// path is the file the config was loaded from ("" when built in code).
+	path string
+}
+
+// NodeConfig names this node and where it keeps its state.
+type NodeConfig struct {
+	// Name is the node's mesh identity. Default: the host name.
+	Name string `yaml:"name"`
+	// StateDir holds the node key, the state store and the gossip keyring.
+	// Default /var/lib/infermesh.
+	StateDir string `yaml:"state_dir"`
+}
+
+// LogConfig selects the log format and level.
+type LogConfig struct {
+	// Level: debug, info, warn, error. Default info.
+	Level string `yaml:"level"`
+	// Format: json (default) or console.
+	Format string `yaml:"format"`
+}
+
+// MeshConfig configures gossip and the QUIC transport. Leaving Bind empty
+// runs the node without a mesh: only local instances serve.
+type MeshConfig struct {
+	// Cluster names the mesh; nodes of another cluster are refused.
+	// Default "infermesh".
+	Cluster string `yaml:"cluster"`
+	// Bind is the memberlist address (UDP and TCP), e.g. 127.0.0.1:7946.
+	Bind string `yaml:"bind"`
+	// Advertise is the gossip address peers use, when not Bind.
+	Advertise string `yaml:"advertise"`
+	// QUIC is the UDP address of the agent-to-agent HTTP/3 listener.
+	QUIC string `yaml:"quic"`
+	// QUICAdvertise is the QUIC address peers dial, when not QUIC.
+	QUICAdvertise string `yaml:"quic_advertise"`
+	// Join lists gossip addresses of existing members. Empty is a valid
+	// single-node mesh.
+	Join []string `yaml:"join"`
+	// GossipKeyring is the AES-256 keyring file, relative to the state dir
+	// unless absolute. Default keyring.json.
+	GossipKeyring string `yaml:"gossip_keyring"`
+	// AdvertTTL is how long a peer's advert counts without a newer one.
+	// Default 60s.
+	AdvertTTL time.Duration `yaml:"advert_ttl"`
+}
+
+// Enabled reports whether the mesh is configured.
+func (m MeshConfig) Enabled() bool { return m.Bind != "" }
+
+// TrustConfig says which nodes are admitted.
+type TrustConfig struct {
+	// Authority is the base64 ed25519 public key that signs admission
+	// certificates.
+	Authority string `yaml:"authority"`
+	// Certificate is this node's admission certificate (base64), or a file
+	// path relative to the state dir when it names one.
+	Certificate string `yaml:"certificate"`
+	// Nodes is a static list of trusted nodes.
+	Nodes []TrustedNode `yaml:"nodes"`
+	// Revoked lists node names or base64 public keys that are never
+	// admitted, whatever vouches for them.
+	Revoked []string `yaml:"revoked"`
+}
+
+// TrustedNode is one statically trusted node.
+type TrustedNode struct {
+	Name      string `yaml:"name"`
+	PublicKey string `yaml:"public_key"`
+	// Scope is full (may serve roles, default) or consumer.
+	Scope string `yaml:"scope"`
+}
+
+// AdminConfig configures the admin socket.
+type AdminConfig struct {
+	// Socket is the admin Unix socket path. Default /run/infermesh/admin.sock.
+	Socket string `yaml:"socket"`
+	// Group may change things through the socket (besides root and the
+	// agent's own user). Others may only read.
+	Group string `yaml:"group"`
+	// Metrics is an optional loopback TCP address serving /metrics.
+	Metrics string `yaml:"metrics"`
+}
+
+// ProxyConfig tunes the loopback proxy.
+type ProxyConfig struct {
+	// MaxBodyBytes limits request bodies. Default 16 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// ConnectTimeout bounds connecting to an instance or peer. Default 2s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// UpstreamTimeout bounds the wait for response headers. Default 5m.
+	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
+	// ShutdownTimeout bounds draining in-flight requests at stop.
+	// Default 30s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// HealthInterval is how often static upstreams are probed. Default 2s.
+	HealthInterval time.Duration `yaml:"health_interval"`
+}
+
+// RoleConfig is one `infer.<role>`.
+type RoleConfig struct {
+	// Port is the loopback port apps use for this role.
+	Port int `yaml:"port"`
+	// Upstream is a static local instance, http://<loopback>:<port>.
+	Upstream string `yaml:"upstream"`
+	// Model is the model the instance knows; requests are pinned to it.
+	Model string `yaml:"model"`
+	// Expose allows the role to leave loopback at all (serve to peers).
+	Expose bool `yaml:"expose"`
+	// ServeTo lists the peers this node serves the role to (default deny).
+	ServeTo []string `yaml:"serve_to"`
+	// AcceptFrom lists the nodes allowed to serve the role to this node
+	// (default deny).
+	AcceptFrom []string `yaml:"accept_from"`
+	// Instance is a managed local instance (a Docker container).
+	Instance *InstanceConfig `yaml:"instance"`
+}
+
+// InstanceConfig describes a managed local instance.
+type InstanceConfig struct {
+	// Runtime is the provider; only docker is supported.
+	Runtime string            `yaml:"runtime"`
+	Image   string            `yaml:"image"`
+	Args    []string          `yaml:"args"`
+	Env     map[string]string `yaml:"env"`
+	// Port is the port the server listens on inside the container.
+	Port   int     `yaml:"port"`
+	Mounts []Mount `yaml:"mounts"`
+	// Health is the readiness path. Default /health.
+	Health  string        `yaml:"health"`
+	Restart RestartPolicy `yaml:"restart"`
+}
+
+// Mount is a bind mount into an instance.
+type Mount struct {
+	Host      string `yaml:"host"`
+	Container string `yaml:"container"`
+	ReadOnly  bool   `yaml:"readonly"`
+}
+
+// RestartPolicy bounds restarts of a failed instance.
+type RestartPolicy struct {
+	// Max restarts within Window before giving up. Default 5.
+	Max int `yaml:"max"`
+	// Window over which restarts are counted. Default 10m.
+	Window time.Duration `yaml:"window"`
+	// Backoff before a restart, doubled each time. Default 2s.
+	Backoff time.Duration `yaml:"backoff"`
+}
+
+// Defaults.
+const (
+	DefaultStateDir     = "/var/lib/infermesh"
+	DefaultAdminSocket  = "/run/infermesh/admin.sock"
+	DefaultSite         = "default"
+	DefaultCluster      = "infermesh"
+	DefaultKeyring      = "keyring.json"
+	defaultShutdown     = 30 * time.Second
+	defaultHealthPeriod = 2 * time.Second
+)
+
+// FieldError is a configuration error naming the offending field.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// LoadConfig reads, strictly decodes, defaults and validates a config file.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	cfg.path = path
+	return cfg, nil
+}
+
+var yamlFieldNotFound = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+
+// ParseConfig strictly decodes, defaults and validates YAML config data.
+func ParseConfig(data []byte) (*Config, error) {
+	cfg := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
+		return nil, friendlyYAMLError(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func friendlyYAMLError(err error) error {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs := make([]string, 0, len(te.Errors))
+		for _, e := range te.Errors {
+			if m := yamlFieldNotFound.FindStringSubmatch(e); m != nil {
+				msgs = append(msgs, fmt.Sprintf("line %s: unknown key %q", m[1], m[2]))
+				continue
+			}
+			msgs = append(msgs, e)
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	return err
+}
+
+// DevConfig is the configuration of `infermeshd -dev`: one node, no mesh,
+// role chat on 127.0.0.1:18080 served by the built-in demo model (its
+// upstream is filled in once the demo listens).
+func DevConfig(stateDir string) (*Config, error) {
+	cfg := &Config{
+		Node:  NodeConfig{Name: "dev", StateDir: stateDir},
+		Log:   LogConfig{Format: "console"},
+		Admin: AdminConfig{Socket: stateDir + "/admin.sock"},
+		Roles: map[string]RoleConfig{
+			"chat": {Port: 18080, Model: "demo"},
+		},
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Path returns the file the config was loaded from.
+func (c *Config) Path() string { return c.path }
+
+// Validate fills defaults and checks every field, naming the first bad one.
+func (c *Config) Validate() error {
+	if c.Node.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fieldErr("node.name", "not set and the host name is unknown: %v", err)
+		}
+		c.Node.Name = h
+	}
+	if err := validNodeName(c.Node.Name); err != nil {
+		return fieldErr("node.name", "%v", err)
+	}
+	if c.Node.StateDir == "" {
+		c.Node.StateDir = DefaultStateDir
+	}
+	if c.Site == "" {
+		c.Site = DefaultSite
+	}
+	if err := validNodeName(c.Site); err != nil {
+		return fieldErr("site", "%v", err)
+	}
+	switch c.Log.Level {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fieldErr("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "":
+		c.Log.Format = "json"
+	case "json", "console":
+	default:
+		return fieldErr("log.format", "%q is not json or console", c.Log.Format)
+	}
+	if err := c.Mesh.validate(); err != nil {
+		return err
+	}
+	if err := c.Trust.validate(); err != nil {
+		return err
+	}
+	if c.Admin.Socket == "" {
+		c.Admin.Socket = DefaultAdminSocket
+	}
+	if c.Admin.Metrics != "" && !loopbackHostPort(c.Admin.Metrics) {
+		return fieldErr("admin.metrics", "%q is not a loopback host:port", c.Admin.Metrics)
+	}
+	if err := c.Proxy.validate(); err != nil {
+		return err
+	}
+	ports := map[int]string{}
+	names := make([]string, 0, len(c.Roles))
+	for name := range c.Roles {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		r := c.Roles[name]
+		f := "roles." + name
+		if err := placement.ValidateRole(name); err != nil {
+			return fieldErr(f, "%v", err)
+		}
+		if r.Port < 1 || r.Port > 65535 {
+			return fieldErr(f+".port", "%d is not a port (1-65535)", r.Port)
+		}
+		if other, dup := ports[r.Port]; dup {
+			return fieldErr(f+".port", "%d is already used by role %q", r.Port, other)
+		}
+		ports[r.Port] = name
+		if r.Upstream != "" && r.Instance != nil {
+			return fieldErr(f, "set either upstream or instance, not both")
+		}
+		if r.Upstream != "" {
+			if err := loopbackBase(r.Upstream); err != nil {
+				return fieldErr(f+".upstream", "%v", err)
+			}
+		}
+		if r.Instance != nil {
+			if err := r.Instance.validate(f + ".instance"); err != nil {
+				return err
+			}
+		}
+		for i, n := range r.ServeTo {
+			if err := validNodeName(n); err != nil {
+				return fieldErr(fmt.Sprintf("%s.serve_to[%d]", f, i), "%v", err)
+			}
+		}
+		for i, n := range r.AcceptFrom {
+			if err := validNodeName(n); err != nil {
+				return fieldErr(fmt.Sprintf("%s.accept_from[%d]", f, i), "%v", err)
+			}
+		}
+		if len(r.ServeTo) > 0 && !r.Expose {
+			return fieldErr(f+".serve_to", "lists peers but expose is false; set expose: true to let the role leave loopback")
+		}
+		c.Roles[name] = r
+	}
+	return nil
+}
+
+func (m *MeshConfig) validate() error {
+	if m.Cluster == "" {
+		m.Cluster = DefaultCluster
+	}
+	if err := validNodeName(m.Cluster); err != nil {
+		return fieldErr("mesh.cluster", "%v", err)
+	}
+	if m.GossipKeyring == "" {
+		m.GossipKeyring = DefaultKeyring
+	}
+	if m.AdvertTTL < 0 {
+		return fieldErr("mesh.advert_ttl", "%v is negative", m.AdvertTTL)
+	}
+	if m.AdvertTTL == 0 {
+		m.AdvertTTL = placement.DefaultAdvertTTL
+	}
+	for name, v := range map[string]string{"mesh.bind": m.Bind, "mesh.advertise": m.Advertise, "mesh.quic": m.QUIC, "mesh.quic_advertise": m.QUICAdvertise} {
+		if v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return fieldErr(name, "%q is not host:port", v)
+		}
+	}
+	for i, j := range m.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return fieldErr(fmt.Sprintf("mesh.join[%d]", i), "%q is not host:port", j)
+		}
+	}
+	if m.Bind == "" && (len(m.Join) > 0 || m.QUIC != "") {
+		return fieldErr("mesh.bind", "must be set when mesh.join or mesh.quic is")
+	}
+	if m.Bind != "" && m.QUIC == "" {
+		return fieldErr("mesh.quic", "must be set when mesh.bind is (peers forward requests over QUIC)")
+	}
+	return nil
+}
+
+func (t *TrustConfig) validate() error {
+	seen := map[string]bool{}
+	for i, n := range t.Nodes {
+		f := fmt.Sprintf("trust.nodes[%d]", i)
+		if err := validNodeName(n.Name); err != nil {
+			return fieldErr(f+".name", "%v", err)
+		}
+		if seen[n.Name] {
+			return fieldErr(f+".name", "%q is listed twice", n.Name)
+		}
+		seen[n.Name] = true
+		if n.PublicKey == "" {
+			return fieldErr(f+".public_key", "is required")
+		}
+		switch n.Scope {
+		case "":
+			t.Nodes[i].Scope = "full"
+		case "full", "consumer":
+		default:
+			return fieldErr(f+".scope", "%q is not full or consumer", n.Scope)
+		}
+	}
+	return nil
+}
+
+func (p *ProxyConfig) validate() error {
+	if p.MaxBodyBytes < 0 {
+		return fieldErr("proxy.max_body_bytes", "%d is negative", p.MaxBodyBytes)
+	}
+	for name, d := range map[string]time.Duration{
+		"proxy.connect_timeout": p.ConnectTimeout, "proxy.upstream_timeout": p.UpstreamTimeout,
+		"proxy.shutdown_timeout": p.ShutdownTimeout, "proxy.health_interval": p.HealthInterval,
+	} {
+		if d < 0 {
+			return fieldErr(name, "%v is negative", d)
+		}
+	}
+	if p.ShutdownTimeout == 0 {
+		p.ShutdownTimeout = defaultShutdown
+	}
+	if p.HealthInterval == 0 {
+		p.HealthInterval = defaultHealthPeriod
+	}
+	return nil
+}
+
+func (in *InstanceConfig) validate(f string) error {
+	switch in.Runtime {
+	case "":
+		in.Runtime = "docker"
+	case "docker":
+	default:
+		return fieldErr(f+".runtime", "%q is not supported (docker)", in.Runtime)
+	}
+	if in.Image == "" {
+		return fieldErr(f+".image", "is required")
+	}
+	if in.Port < 1 || in.Port > 65535 {
+		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)
+	}
+	if in.Health == "" {
+		in.Health = "/health"
+	}
+	if !strings.HasPrefix(in.Health, "/") {
+		return fieldErr(f+".health", "%q must be a path starting with /", in.Health)
+	}
+	for i, m := range in.Mounts {
+		mf := fmt.Sprintf("%s.mounts[%d]", f, i)
+		if !strings.HasPrefix(m.Host, "/") {
+			return fieldErr(mf+".host", "%q must be an absolute path", m.Host)
+		}
+		if !strings.HasPrefix(m.Container, "/") {
+			return fieldErr(mf+".container", "%q must be an absolute path", m.Container)
+		}
+	}
+	if in.Restart.Max < 0 {
+		return fieldErr(f+".restart.max", "%d is negative", in.Restart.Max)
+	}
+	if in.Restart.Max == 0 {
+		in.Restart.Max = 5
+	}
+	if in.Restart.Window <= 0 {
+		in.Restart.Window = 10 * time.Minute
+	}
+	if in.Restart.Backoff <= 0 {
+		in.Restart.Backoff = 2 * time.Second
+	}
+	return nil
+}
+
+var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func validNodeName(n string) error {
+	if !nodeNameRE.MatchString(n) {
+		return fmt.Errorf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 63; starting with a letter or digit)", n)
+	}
+	return nil
+}
+
+// loopbackBase checks that s is http://<loopback IP or localhost>:<port>.
+func loopbackBase(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" {
+		return fmt.Errorf("%q must use http://", s)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return fmt.Errorf("%q must not have a path", s)
+	}
+	if !loopbackHostPort(u.Host) {
+		return fmt.Errorf("%q is not a loopback address with a port", s)
+	}
+	return nil
+}
+
+func loopbackHostPort(hp string) bool {
+	h, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return false
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return false
+	}
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}

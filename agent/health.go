@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// LocalRegistry is the part of the placement table an instance prober
+// drives. Safe for concurrent use.
+type LocalRegistry interface {
+	RegisterLocal(role string, l placement.Local) error
+	DeregisterLocal(role string)
+}
+
+// upstreamProber keeps a static upstream registered in placement only while
+// it answers: llama.cpp's /health first, then /v1/models for servers without
+// one. A server still loading its model (503) counts as down.
+type upstreamProber struct {
+	role     string
+	local    placement.Local
+	reg      LocalRegistry
+	client   *http.Client
+	interval time.Duration
+	log      *zap.Logger
+	onChange func(role string, up bool)
+}
+
+func (u *upstreamProber) run(ctx context.Context) {
+	t := time.NewTicker(u.interval)
+	defer t.Stop()
+	up := false
+	for {
+		now := u.probe(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if now != up {
+			up = now
+			if up {
+				if err := u.reg.RegisterLocal(u.role, u.local); err != nil {
+					u.log.Error("registering local instance", zap.String("role", u.role), zap.Error(err))
+					up = false
+				} else {
+					u.log.Info("local instance up", zap.String("role", u.role), zap.String("upstream", u.local.Base))
+				}
+			} else {
+				u.reg.DeregisterLocal(u.role)
+				u.log.Warn("local instance down", zap.String("role", u.role), zap.String("upstream", u.local.Base))
+			}
+			if u.onChange != nil {
+				u.onChange(u.role, up)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (u *upstreamProber) probe(ctx context.Context) bool {
+	st := u.get(ctx, "/health")
+	if st == http.StatusNotFound {
+		st = u.get(ctx, "/v1/models")
+	}
+	return st == http.StatusOK
+}
+
+func (u *upstreamProber) get(ctx context.Context, path string) int {
+	ctx, cancel := context.WithTimeout(ctx, u.interval+time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.local.Base+path, nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := u.client.Do(req)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}

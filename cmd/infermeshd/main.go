@@ -1,0 +1,113 @@
+// Command infermeshd is the infermesh agent: it serves the loopback
+// OpenAI-compatible proxy, takes part in the mesh, provisions local
+// inference instances and answers the admin socket.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/infermesh/infermesh/agent"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "infermeshd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("infermeshd", flag.ContinueOnError)
+	configPath := fs.String("config", "/etc/infermesh/infermesh.yaml", "configuration file")
+	dev := fs.Bool("dev", false, "development mode: one node, the built-in demo model as role chat on 127.0.0.1:18080, state in a temp dir")
+	devDelay := fs.Duration("dev-token-delay", 30*time.Millisecond, "dev mode: delay between streamed demo tokens")
+	logLevel := fs.String("log-level", "", "override log.level (debug, info, warn, error)")
+	version := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *version {
+		fmt.Println("infermeshd", agent.Version)
+		return nil
+	}
+
+	var cfg *agent.Config
+	var err error
+	if *dev {
+		dir, err := os.MkdirTemp("", "infermesh-dev-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if cfg, err = agent.DevConfig(dir); err != nil {
+			return err
+		}
+	} else {
+		if cfg, err = agent.LoadConfig(*configPath); err != nil {
+			return err
+		}
+	}
+	if *logLevel != "" {
+		cfg.Log.Level = *logLevel
+	}
+	log, err := newLogger(cfg.Log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	a, err := agent.New(cfg, agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *dev {
+		go func() {
+			// Print the try-it line once the role port is bound.
+			for ctx.Err() == nil {
+				if addr, ok := a.RoleAddr("chat"); ok {
+					fmt.Fprintf(os.Stderr, "\ninfermesh dev node ready. Try:\n  curl -sN http://%s/v1/chat/completions -d '{\"model\":\"chat\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n", addr)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func newLogger(c agent.LogConfig) (*zap.Logger, error) {
+	var zc zap.Config
+	if c.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+	} else {
+		zc = zap.NewProductionConfig()
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	if c.Level != "" {
+		lvl, err := zapcore.ParseLevel(c.Level)
+		if err != nil {
+			return nil, fmt.Errorf("log.level: %w", err)
+		}
+		zc.Level = zap.NewAtomicLevelAt(lvl)
+	} else if c.Format == "console" {
+		zc.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
+	}
+	zc.DisableStacktrace = true
+	return zc.Build()
+}

@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+)
+
+// APIError is an error in the OpenAI wire shape:
+//
+//	{"error":{"message":"...","type":"...","param":null,"code":"..."}}
+//
+// Status is the HTTP status it is sent with.
+type APIError struct {
+	Status  int
+	Type    string
+	Code    string
+	Param   string
+	Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// The error types and codes infermesh answers with. Types follow OpenAI's
+// vocabulary so SDKs map them to their own error classes.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeNotFound       = "not_found_error"
+	typePermission     = "permission_error"
+	typeServer         = "server_error"
+	typeUnavailable    = "service_unavailable"
+)
+
+func errBadJSON(msg string) *APIError {
+	return &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "invalid_json", Message: msg}
+}
+
+func errModelNotFound(model, role string) *APIError {
+	return &APIError{
+		Status: http.StatusNotFound, Type: typeInvalidRequest, Code: "model_not_found", Param: "model",
+		Message: "the model " + strconv.Quote(model) + " is not served on this port (role " + strconv.Quote(role) + ")",
+	}
+}
+
+func errRoleNotFound(role string) *APIError {
+	return &APIError{Status: http.StatusNotFound, Type: typeNotFound, Code: "role_not_found",
+		Message: "role " + strconv.Quote(role) + " is not available"}
+}
+
+func errNotFound(path string) *APIError {
+	return &APIError{Status: http.StatusNotFound, Type: typeNotFound, Code: "unknown_url",
+		Message: "unknown endpoint " + strconv.Quote(path)}
+}
+
+func errMethod(method string) *APIError {
+	return &APIError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
+		Message: "method " + method + " is not allowed here"}
+}
+
+func errTooLarge(limit int64) *APIError {
+	return &APIError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest, Code: "request_too_large",
+		Message: "request body is larger than the limit of " + strconv.FormatInt(limit, 10) + " bytes"}
+}
+
+func errForbidden(msg string) *APIError {
+	return &APIError{Status: http.StatusForbidden, Type: typePermission, Code: "forbidden", Message: msg}
+}
+
+func errNoInstance(role string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
+		Message: "no instance serves role " + strconv.Quote(role) + " right now"}
+}
+
+func errUpstream(msg string) *APIError {
+	return &APIError{Status: http.StatusBadGateway, Type: typeServer, Code: "upstream_failed", Message: msg}
+}
+
+func errTimeout(msg string) *APIError {
+	return &APIError{Status: http.StatusGatewayTimeout, Type: typeServer, Code: "upstream_timeout", Message: msg}
+}
+
+// appendError appends the JSON body of e.
+func (e *APIError) appendJSON(b []byte) []byte {
+	b = append(b, `{"error":{"message":`...)
+	b = appendJSONString(b, e.Message)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, e.Type)
+	b = append(b, `,"param":`...)
+	if e.Param == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, e.Param)
+	}
+	b = append(b, `,"code":`...)
+	b = appendJSONString(b, e.Code)
+	return append(b, "}}\n"...)
+}
+
+// WriteError sends e as an OpenAI-shaped JSON error response.
+func WriteError(w http.ResponseWriter, e *APIError) {
+	body := e.appendJSON(make([]byte, 0, 160))
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(body)
+}

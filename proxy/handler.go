@@ -1,0 +1,315 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// The OpenAI endpoints infermesh forwards.
+const (
+	pathChat        = "/v1/chat/completions"
+	pathCompletions = "/v1/completions"
+	pathEmbeddings  = "/v1/embeddings"
+	pathModels      = "/v1/models"
+)
+
+// RoleHeader names the role on a request forwarded to a peer agent.
+const RoleHeader = "Infermesh-Role"
+
+func forwardedPath(p string) bool {
+	return p == pathChat || p == pathCompletions || p == pathEmbeddings
+}
+
+// RoleHandler returns the handler of role's loopback port.
+func (p *Proxy) RoleHandler(role string) http.Handler {
+	roleLit := quoteModel(role)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			WriteError(w, errForbidden("the Host header must name a loopback address"))
+			return
+		}
+		if !checkBrowserOrigin(r.Header.Get("Origin")) {
+			WriteError(w, errForbidden("cross-origin requests are refused"))
+			return
+		}
+		switch {
+		case r.URL.Path == pathModels || (len(r.URL.Path) > len(pathModels) && r.URL.Path[:len(pathModels)+1] == pathModels+"/"):
+			p.serveModels(w, r, role)
+			return
+		case !forwardedPath(r.URL.Path):
+			WriteError(w, errNotFound(r.URL.Path))
+			return
+		case r.Method != http.MethodPost:
+			w.Header().Set("Allow", http.MethodPost)
+			WriteError(w, errMethod(r.Method))
+			return
+		}
+		buf, apiErr := p.readBody(r)
+		if apiErr != nil {
+			WriteError(w, apiErr)
+			return
+		}
+		defer buf.release()
+		body := buf.b
+		ms, me, found, err := modelSpan(body)
+		if err != nil {
+			WriteError(w, errBadJSON("request body: "+err.Error()))
+			return
+		}
+		var asked []byte // the literal the client asked for, echoed back in responses
+		if found {
+			asked = body[ms:me]
+		}
+		cands := p.cfg.Resolver.Resolve(role)
+		if asked != nil && string(asked) != string(roleLit) && !modelKnown(asked, cands) {
+			WriteError(w, errModelNotFound(decodeModel(asked), role))
+			return
+		}
+		if len(cands) == 0 {
+			WriteError(w, errNoInstance(role))
+			return
+		}
+		if asked == nil {
+			asked = roleLit
+		}
+		p.forward(w, r, role, body, asked, cands)
+	})
+}
+
+// modelKnown reports whether lit names the model of one of the candidates.
+func modelKnown(lit []byte, cands []placement.Candidate) bool {
+	name := decodeModel(lit)
+	if name == "" {
+		return true
+	}
+	for _, c := range cands {
+		if c.Model != "" && c.Model == name {
+			return true
+		}
+	}
+	return false
+}
+
+// PeerHandler serves requests forwarded by peer agents. identify returns the
+// node id the connection was verified as (from TLS); it is the only identity
+// trusted. The role comes from RoleHeader. A peer that may not use the role
+// gets the same 404 as for a role that does not exist here, so it learns
+// nothing about what this node serves. The request only ever reaches a local
+// instance.
+func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer, ok := identify(r)
+		if !ok {
+			WriteError(w, errForbidden("peer identity unknown"))
+			return
+		}
+		role := r.Header.Get(RoleHeader)
+		if err := placement.ValidateRole(role); err != nil {
+			WriteError(w, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "bad_role", Message: "missing or invalid " + RoleHeader + " header"})
+			return
+		}
+		if !forwardedPath(r.URL.Path) {
+			WriteError(w, errNotFound(r.URL.Path))
+			return
+		}
+		if r.Method != http.MethodPost {
+			WriteError(w, errMethod(r.Method))
+			return
+		}
+		var local placement.Local
+		if p.cfg.Peers != nil {
+			local, ok = p.cfg.Peers.LocalForPeer(role, peer)
+		} else {
+			ok = false
+		}
+		if !ok {
+			if refused != nil {
+				refused(r, peer, role, "role not served to this peer")
+			}
+			WriteError(w, errRoleNotFound(role))
+			return
+		}
+		buf, apiErr := p.readBody(r)
+		if apiErr != nil {
+			WriteError(w, apiErr)
+			return
+		}
+		defer buf.release()
+		body := buf.b
+		ms, me, found, err := modelSpan(body)
+		if err != nil {
+			WriteError(w, errBadJSON("request body: "+err.Error()))
+			return
+		}
+		asked := quoteModel(role)
+		if found {
+			asked = body[ms:me]
+		}
+		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
+		p.forward(w, r, role, body, asked, cand)
+	})
+}
+
+// serveModels lists what the port serves: the role name, and the model names
+// of its current candidates as aliases.
+func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		WriteError(w, errMethod(r.Method))
+		return
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	ids := []string{role}
+	seen := map[string]bool{role: true}
+	for _, c := range p.cfg.Resolver.Resolve(role) {
+		if c.Model != "" && !seen[c.Model] {
+			seen[c.Model] = true
+			ids = append(ids, c.Model)
+		}
+	}
+	data := make([]model, 0, len(ids))
+	for _, id := range ids {
+		data = append(data, model{ID: id, Object: "model", OwnedBy: "infermesh"})
+	}
+	if rest := r.URL.Path[len(pathModels):]; rest != "" {
+		want := rest[1:]
+		for _, m := range data {
+			if m.ID == want {
+				writeJSON(w, http.StatusOK, m)
+				return
+			}
+		}
+		WriteError(w, errModelNotFound(want, role))
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", data})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		WriteError(w, errUpstream("encode: "+err.Error()))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// bodyBuf is a pooled, reference-counted request body. The handler holds one
+// reference; every outgoing request body holds another until the transport
+// closes it (which it may do after RoundTrip returns), so the bytes are never
+// reused while a transport may still be writing them.
+type bodyBuf struct {
+	b    []byte
+	refs atomic.Int32
+}
+
+var bodyPool = sync.Pool{New: func() any { return &bodyBuf{b: make([]byte, 0, 4096)} }}
+
+func getBodyBuf() *bodyBuf {
+	b := bodyPool.Get().(*bodyBuf)
+	b.refs.Store(1)
+	return b
+}
+
+func (b *bodyBuf) retain() { b.refs.Add(1) }
+
+func (b *bodyBuf) release() {
+	if b.refs.Add(-1) != 0 {
+		return
+	}
+	if cap(b.b) <= 1<<20 {
+		b.b = b.b[:0]
+		bodyPool.Put(b)
+	}
+}
+
+// reader returns a fresh body reading b's bytes that holds a reference
+// until closed.
+func (b *bodyBuf) reader(data []byte) io.ReadCloser {
+	b.retain()
+	return &bufReader{buf: b, data: data}
+}
+
+type bufReader struct {
+	buf    *bodyBuf
+	data   []byte
+	off    int
+	closed atomic.Bool
+}
+
+func (r *bufReader) Read(p []byte) (int, error) {
+	if r.off >= len(r.data) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data[r.off:])
+	r.off += n
+	return n, nil
+}
+
+func (r *bufReader) Close() error {
+	if r.closed.CompareAndSwap(false, true) {
+		r.buf.release()
+	}
+	return nil
+}
+
+// readBody reads the whole request body within the configured limit.
+func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
+	limit := p.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, errTooLarge(limit)
+	}
+	buf := getBodyBuf()
+	if n := r.ContentLength; n > 0 && int64(cap(buf.b)) < n {
+		buf.b = make([]byte, 0, n)
+	}
+	b := buf.b[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			buf.b = b
+			buf.release()
+			return nil, errTooLarge(limit)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			buf.b = b
+			buf.release()
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, errTooLarge(limit)
+			}
+			return nil, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "body_read_failed", Message: "reading request body: " + err.Error()}
+		}
+	}
+	buf.b = b
+	if !json.Valid(b) {
+		buf.release()
+		return nil, errBadJSON("request body is not valid JSON")
+	}
+	return buf, nil
+}

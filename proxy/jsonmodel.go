@@ -1,0 +1,198 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+)
+
+// errNotObject is returned when a body is not a JSON object.
+var errNotObject = errors.New("body is not a JSON object")
+
+// modelSpan locates the string value of the top-level "model" key of the JSON
+// object in b without decoding the rest of the document. start and end delimit
+// the value including its quotes. found is false when the object has no
+// top-level "model" key; an error is returned when b is not an object or the
+// model value is not a string.
+//
+// It assumes b is valid JSON (callers check with json.Valid first or accept a
+// best-effort scan of an upstream's output); on malformed input it reports an
+// error rather than panicking.
+func modelSpan(b []byte) (start, end int, found bool, err error) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return 0, 0, false, errNotObject
+	}
+	i++
+	for {
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return 0, 0, false, errNotObject
+		}
+		if b[i] == '}' {
+			return 0, 0, false, nil
+		}
+		if b[i] == ',' {
+			i++
+			continue
+		}
+		if b[i] != '"' {
+			return 0, 0, false, errNotObject
+		}
+		ks := i
+		ke, ok := skipString(b, i)
+		if !ok {
+			return 0, 0, false, errNotObject
+		}
+		key := b[ks+1 : ke-1]
+		i = skipWS(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return 0, 0, false, errNotObject
+		}
+		i = skipWS(b, i+1)
+		if i >= len(b) {
+			return 0, 0, false, errNotObject
+		}
+		if string(key) == "model" {
+			if b[i] != '"' {
+				return 0, 0, false, errors.New(`"model" is not a string`)
+			}
+			ve, ok := skipString(b, i)
+			if !ok {
+				return 0, 0, false, errNotObject
+			}
+			return i, ve, true, nil
+		}
+		ve, ok := skipValue(b, i)
+		if !ok {
+			return 0, 0, false, errNotObject
+		}
+		i = ve
+	}
+}
+
+// decodeModel returns the Go string of a JSON string literal span.
+func decodeModel(lit []byte) string {
+	for _, c := range lit[1 : len(lit)-1] {
+		if c == '\\' {
+			var s string
+			if json.Unmarshal(lit, &s) == nil {
+				return s
+			}
+			break
+		}
+	}
+	return string(lit[1 : len(lit)-1])
+}
+
+// appendJSONString appends s as a JSON string literal.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			q, _ := json.Marshal(s)
+			return append(dst, q...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+// replaceSpan returns b with b[start:end] replaced by repl, reusing b's
+// storage when repl is not longer than the span.
+func replaceSpan(b []byte, start, end int, repl []byte) []byte {
+	delta := len(repl) - (end - start)
+	if delta <= 0 {
+		copy(b[start:], repl)
+		copy(b[start+len(repl):], b[end:])
+		return b[:len(b)+delta]
+	}
+	out := make([]byte, 0, len(b)+delta)
+	out = append(out, b[:start]...)
+	out = append(out, repl...)
+	return append(out, b[end:]...)
+}
+
+// rewriteModel replaces the top-level "model" string of the object in b with
+// the JSON literal lit. Bodies without a top-level model, or that are not
+// objects, are returned unchanged.
+func rewriteModel(b []byte, lit []byte) []byte {
+	s, e, found, err := modelSpan(b)
+	if err != nil || !found {
+		return b
+	}
+	if string(b[s:e]) == string(lit) {
+		return b
+	}
+	return replaceSpan(b, s, e, lit)
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index just past the string literal starting at b[i].
+func skipString(b []byte, i int) (int, bool) {
+	i++
+	for i < len(b) {
+		switch b[i] {
+		case '\\':
+			i += 2
+		case '"':
+			return i + 1, true
+		default:
+			i++
+		}
+	}
+	return 0, false
+}
+
+// skipValue returns the index just past the JSON value starting at b[i].
+func skipValue(b []byte, i int) (int, bool) {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				e, ok := skipString(b, i)
+				if !ok {
+					return 0, false
+				}
+				i = e
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	default:
+		for i < len(b) {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return i, true
+			}
+			i++
+		}
+		return i, true
+	}
+}
+
+// quoteModel is appendJSONString for a fresh slice.
+func quoteModel(s string) []byte { return appendJSONString(make([]byte, 0, len(s)+2), s) }

@@ -1,0 +1,256 @@
+// Package proxy serves the loopback OpenAI-compatible endpoints apps talk to,
+// forwards each request to the candidate placement resolves for its role (the
+// local instance, else an admitted peer over the mesh transport), and serves
+// requests forwarded by peers from the local instance only.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// Resolver yields the ordered candidates serving a role. placement.Table
+// satisfies it. Resolve is called once per request and must be safe for
+// concurrent use and must not block.
+type Resolver interface {
+	Resolve(role string) []placement.Candidate
+}
+
+// PeerResolver finds the local instance a peer's forwarded request may reach.
+// placement.Table satisfies it. Safe for concurrent use, non-blocking.
+type PeerResolver interface {
+	LocalForPeer(role, peer string) (placement.Local, bool)
+}
+
+var (
+	_ Resolver     = (*placement.Table)(nil)
+	_ PeerResolver = (*placement.Table)(nil)
+)
+
+// Observer is told about every forwarded request, for metrics. Methods are
+// called on the request path, concurrently, and must not block.
+type Observer interface {
+	// Attempt reports one forwarding attempt to a candidate: its target
+	// ("local" or the peer node id), the HTTP status (0 when no response was
+	// received), and the time to the response headers.
+	Attempt(role, target string, status int, err error, ttfb time.Duration)
+	// Done reports a finished request: its final status, total duration and
+	// bytes sent to the client, and whether the stream was aborted.
+	Done(role, target string, status int, d time.Duration, bytes int64, aborted bool)
+	// StreamOpen and StreamClose bracket a streaming (SSE) response.
+	StreamOpen(role string)
+	StreamClose(role string)
+}
+
+// Config configures a Proxy. Zero values mean the defaults.
+type Config struct {
+	// Resolver picks candidates for a role. Required.
+	Resolver Resolver
+	// Peers answers which local instance a peer may reach (mesh-side
+	// serving). Nil refuses every peer request.
+	Peers PeerResolver
+	// Remote carries requests to peer agents; requests for a remote
+	// candidate are sent to https://<node id><path>. Nil: remote candidates
+	// are skipped (there is no mesh).
+	Remote http.RoundTripper
+	// MaxBodyBytes limits request bodies. Default 16 MiB.
+	MaxBodyBytes int64
+	// ConnectTimeout bounds dialing a local instance. Default 2s.
+	ConnectTimeout time.Duration
+	// UpstreamTimeout bounds the wait for an instance's response headers
+	// (time to first token for streams). Default 5m.
+	UpstreamTimeout time.Duration
+	// MaxIdleConnsPerUpstream sizes the keep-alive pool to each instance.
+	// Default 512.
+	MaxIdleConnsPerUpstream int
+	// Observer receives per-request measurements. Nil: none.
+	Observer Observer
+	// Logger; nil is a no-op logger.
+	Logger *zap.Logger
+}
+
+// DefaultConfig returns the defaults (without a Resolver).
+func DefaultConfig() Config {
+	return Config{
+		MaxBodyBytes:            16 << 20,
+		ConnectTimeout:          2 * time.Second,
+		UpstreamTimeout:         5 * time.Minute,
+		MaxIdleConnsPerUpstream: 512,
+	}
+}
+
+func (c *Config) fill() error {
+	if c.Resolver == nil {
+		return errors.New("proxy config: Resolver is required")
+	}
+	d := DefaultConfig()
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("proxy config: MaxBodyBytes %d is negative", c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = d.MaxBodyBytes
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = d.ConnectTimeout
+	}
+	if c.UpstreamTimeout <= 0 {
+		c.UpstreamTimeout = d.UpstreamTimeout
+	}
+	if c.MaxIdleConnsPerUpstream <= 0 {
+		c.MaxIdleConnsPerUpstream = d.MaxIdleConnsPerUpstream
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// Proxy is the set of loopback role listeners plus the forwarding core they
+// share.
+type Proxy struct {
+	cfg   Config
+	local *http.Transport
+	log   *zap.Logger
+
+	mu      sync.Mutex
+	servers map[string]*roleServer // by role
+	closed  bool
+}
+
+type roleServer struct {
+	role string
+	ln   net.Listener
+	srv  *http.Server
+	done chan struct{}
+}
+
+// New validates cfg and returns a Proxy with no listeners.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		Proxy:                 nil, // never send loopback traffic through an environment proxy
+		DialContext:           dialer.DialContext,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerUpstream,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: cfg.UpstreamTimeout,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		WriteBufferSize:       16 << 10,
+		ReadBufferSize:        16 << 10,
+	}
+	return &Proxy{cfg: cfg, local: tr, log: cfg.Logger, servers: map[string]*roleServer{}}, nil
+}
+
+// ErrClosed is returned by Listen after Shutdown.
+var ErrClosed = errors.New("proxy is shut down")
+
+// Listen binds role's loopback listener on addr and starts serving it.
+// Non-loopback addresses are refused: the proxy speaks plain HTTP to local
+// apps only. It returns the bound address (useful with port 0).
+func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
+	if err := placement.ValidateRole(role); err != nil {
+		return nil, err
+	}
+	if !IsLoopbackAddr(addr) {
+		return nil, fmt.Errorf("role %q: listen address %q is not a loopback address", role, addr)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if _, ok := p.servers[role]; ok {
+		return nil, fmt.Errorf("role %q: already listening", role)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("role %q: %w", role, err)
+	}
+	rs := &roleServer{role: role, ln: ln, done: make(chan struct{})}
+	rs.srv = &http.Server{
+		Handler:           p.RoleHandler(role),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          zap.NewStdLog(p.log.Named("http")),
+	}
+	p.servers[role] = rs
+	go func() {
+		defer close(rs.done)
+		if err := rs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			p.log.Error("role listener stopped", zap.String("role", role), zap.Error(err))
+		}
+	}()
+	return ln.Addr(), nil
+}
+
+// Addr returns the bound address of role's listener.
+func (p *Proxy) Addr(role string) (net.Addr, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rs, ok := p.servers[role]
+	if !ok {
+		return nil, false
+	}
+	return rs.ln.Addr(), true
+}
+
+// Close stops role's listener at once (in-flight requests are cut).
+func (p *Proxy) Close(role string) error {
+	p.mu.Lock()
+	rs, ok := p.servers[role]
+	delete(p.servers, role)
+	p.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	err := rs.srv.Close()
+	<-rs.done
+	return err
+}
+
+// Shutdown stops accepting, waits for in-flight requests (streams included)
+// until ctx ends, then cuts what is left. It is idempotent.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	servers := make([]*roleServer, 0, len(p.servers))
+	for _, rs := range p.servers {
+		servers = append(servers, rs)
+	}
+	p.servers = map[string]*roleServer{}
+	p.mu.Unlock()
+
+	var errs []error
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	for _, rs := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rs.srv.Shutdown(ctx); err != nil {
+				_ = rs.srv.Close()
+				emu.Lock()
+				errs = append(errs, fmt.Errorf("role %q: %w", rs.role, err))
+				emu.Unlock()
+			}
+			<-rs.done
+		}()
+	}
+	wg.Wait()
+	p.local.CloseIdleConnections()
+	return errors.Join(errs...)
+}
