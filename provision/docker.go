@@ -1,0 +1,736 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+	"github.com/docker/go-connections/nat"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"go.uber.org/zap"
+)
+
+// Label keys the Docker provider puts on every container it creates. A
+// container is ours only if managed-by, site and node all match; anything
+// else is never stopped or removed.
+const (
+	LabelPrefix    = "io.infermesh."
+	LabelManagedBy = LabelPrefix + "managed-by"
+	LabelSite      = LabelPrefix + "site"
+	LabelNode      = LabelPrefix + "node" // agent node id
+	LabelRole      = LabelPrefix + "role"
+	LabelRun       = LabelPrefix + "run"
+	LabelAttempt   = LabelPrefix + "attempt"
+	LabelTarget    = LabelPrefix + "target" // execution target
+	LabelSpecHash  = LabelPrefix + "spec-hash"
+
+	// ManagedByValue is the value of LabelManagedBy.
+	ManagedByValue = "infermesh"
+)
+
+// DockerAPI is the part of the Docker Engine API the provider uses;
+// *client.Client satisfies it. Eight calls rather than STYLE's 3–6: logs and
+// wait are the observation stream, list is the label sweep, and the rest is
+// the lifecycle. Implementations must be safe for concurrent use.
+type DockerAPI interface {
+	ContainerCreate(ctx context.Context, config *container.Config, hostConfig *container.HostConfig, networkingConfig *network.NetworkingConfig, platform *ocispec.Platform, containerName string) (container.CreateResponse, error)
+	ContainerStart(ctx context.Context, container string, options container.StartOptions) error
+	ContainerStop(ctx context.Context, container string, options container.StopOptions) error
+	ContainerRemove(ctx context.Context, container string, options container.RemoveOptions) error
+	ContainerInspect(ctx context.Context, container string) (container.InspectResponse, error)
+	ContainerList(ctx context.Context, options container.ListOptions) ([]container.Summary, error)
+	ContainerLogs(ctx context.Context, container string, options container.LogsOptions) (io.ReadCloser, error)
+	ContainerWait(ctx context.Context, container string, condition container.WaitCondition) (<-chan container.WaitResponse, <-chan error)
+}
+
+var _ DockerAPI = (*client.Client)(nil)
+
+// NewDockerClient returns a client configured from the environment
+// (DOCKER_HOST, ...) that negotiates the API version with the daemon, so a
+// v28 client talks to a 20.10 (API 1.41) engine. The caller closes it.
+func NewDockerClient() (*client.Client, error) {
+	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	return c, nil
+}
+
+// Errors callers act on.
+var (
+	// ErrDaemonUnreachable wraps failures to reach the Docker daemon. It is
+	// transient from the caller's view: retry with backoff.
+	ErrDaemonUnreachable = errors.New("docker daemon unreachable")
+	// ErrNotOwned is returned when a container at an address we derived
+	// does not carry our ownership labels; it is never touched.
+	ErrNotOwned = errors.New("container not owned by this agent")
+	// ErrMountSource is returned when a bind-mount source does not exist.
+	ErrMountSource = errors.New("bind-mount source does not exist")
+	// ErrUnknownHandle is returned for a handle the provider did not create,
+	// adopt or prepare (or already stopped).
+	ErrUnknownHandle = errors.New("unknown node handle")
+)
+
+// DockerConfig configures a DockerProvider. Zero values mean the default.
+type DockerConfig struct {
+	// Site and Node scope ownership: they go into every container's name and
+	// labels, and only containers with both are ever listed or removed.
+	// Required; token characters [A-Za-z0-9._-].
+	Site string
+	Node string
+	// Target is the execution-target label value. Default "docker".
+	Target string
+	// StopTimeout is the grace period between SIGTERM and SIGKILL. Default 10s.
+	StopTimeout time.Duration
+	// CallTimeout bounds each non-streaming API call. Default 30s.
+	CallTimeout time.Duration
+	// LogTail is how many past lines are replayed when adopting a running
+	// container. Default 100.
+	LogTail int
+	// Logger; nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// DefaultDockerConfig returns the defaults (Site and Node still required).
+func DefaultDockerConfig() DockerConfig {
+	return DockerConfig{
+		Target:      "docker",
+		StopTimeout: 10 * time.Second,
+		CallTimeout: 30 * time.Second,
+		LogTail:     100,
+	}
+}
+
+func (c *DockerConfig) fill() error {
+	d := DefaultDockerConfig()
+	if err := validToken(c.Site); err != nil {
+		return fmt.Errorf("docker config: Site: %w", err)
+	}
+	if err := validToken(c.Node); err != nil {
+		return fmt.Errorf("docker config: Node: %w", err)
+	}
+	if c.Target == "" {
+		c.Target = d.Target
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = d.StopTimeout
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = d.CallTimeout
+	}
+	if c.LogTail <= 0 {
+		c.LogTail = d.LogTail
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+func validToken(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > 64 {
+		return fmt.Errorf("%q longer than 64", s)
+	}
+	for _, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+		if !ok {
+			return fmt.Errorf("%q has a character outside [A-Za-z0-9._-]", s)
+		}
+	}
+	return nil
+}
+
+// DockerProvider implements Provider over a Docker engine. Safe for
+// concurrent use; calls for one node must be serialized by the caller.
+type DockerProvider struct {
+	ProviderDefaults
+
+	api DockerAPI
+	cfg DockerConfig
+	log *zap.Logger
+
+	mu     sync.Mutex
+	nodes  map[string]*dockerNode // by ref
+	closed bool
+	wg     sync.WaitGroup // watcher goroutines
+}
+
+// dockerNode is the provider-local state of one container we manage.
+type dockerNode struct {
+	spec NodeSpec
+	sink Sink
+	id   string // container id
+
+	// The watch of the current container run (logs + exit), keyed by its
+	// StartedAt so a run is watched once.
+	runKey string
+	cancel context.CancelFunc
+}
+
+var _ Provider = (*DockerProvider)(nil)
+
+// NewDockerProvider returns a provider over api. Close stops its watchers;
+// the caller closes api.
+func NewDockerProvider(api DockerAPI, cfg DockerConfig) (*DockerProvider, error) {
+	if api == nil {
+		return nil, errors.New("docker provider: api is nil")
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	return &DockerProvider{api: api, cfg: cfg, log: cfg.Logger, nodes: make(map[string]*dockerNode)}, nil
+}
+
+// Close stops every log and exit watcher and waits for them. Containers are
+// left as they are (a restarted agent adopts them). Idempotent.
+func (p *DockerProvider) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for _, n := range p.nodes {
+		if n.cancel != nil {
+			n.cancel()
+			n.cancel = nil
+		}
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+// Config returns the provider's effective configuration.
+func (p *DockerProvider) Config() DockerConfig { return p.cfg }
+
+// ProviderRef returns the container name for spec:
+// infermesh-<site>-<node>-<role>-<attempt>, or with r<run>n<node> in place
+// of the role for specs without one. It needs no provider state.
+func (p *DockerProvider) ProviderRef(spec NodeSpec) string {
+	return containerName(p.cfg.Site, p.cfg.Node, spec)
+}
+
+func containerName(site, node string, spec NodeSpec) string {
+	who := spec.Role
+	if who == "" {
+		who = fmt.Sprintf("r%dn%d", spec.RunID, spec.NodeID)
+	}
+	return fmt.Sprintf("infermesh-%s-%s-%s-%d", site, node, who, spec.AttemptID)
+}
+
+func (p *DockerProvider) labels(spec NodeSpec) map[string]string {
+	return map[string]string{
+		LabelManagedBy: ManagedByValue,
+		LabelSite:      p.cfg.Site,
+		LabelNode:      p.cfg.Node,
+		LabelRole:      spec.Role,
+		LabelRun:       strconv.FormatUint(spec.RunID, 10),
+		LabelAttempt:   strconv.FormatUint(spec.AttemptID, 10),
+		LabelTarget:    p.cfg.Target,
+		LabelSpecHash:  spec.Hash(),
+	}
+}
+
+// owned reports whether labels mark a container as this agent's: managed by
+// infermesh, this site, this node. Everything else fails closed.
+func (p *DockerProvider) owned(labels map[string]string) bool {
+	return labels[LabelManagedBy] == ManagedByValue &&
+		labels[LabelSite] == p.cfg.Site &&
+		labels[LabelNode] == p.cfg.Node
+}
+
+func (p *DockerProvider) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.cfg.CallTimeout)
+}
+
+// wrap adds context to a Docker error and marks daemon connectivity
+// failures with ErrDaemonUnreachable.
+func wrap(op, ref string, err error) error {
+	if client.IsErrConnectionFailed(err) {
+		return fmt.Errorf("%s %s: %w: %w", op, ref, ErrDaemonUnreachable, err)
+	}
+	return fmt.Errorf("%s %s: %w", op, ref, err)
+}
+
+func (p *DockerProvider) buildConfig(spec NodeSpec) (*container.Config, *container.HostConfig) {
+	env := make([]string, 0, len(spec.Env))
+	for _, e := range spec.Env {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	cc := &container.Config{
+		Image:  spec.Image,
+		Env:    env,
+		Labels: p.labels(spec),
+	}
+	if len(spec.Args) > 0 {
+		cc.Cmd = append([]string(nil), spec.Args...)
+	}
+	hc := &container.HostConfig{
+		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		// json-file so the logs API works whatever the daemon default is,
+		// rotated so a chatty engine cannot fill the disk.
+		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10m", "max-file": "2"}},
+	}
+	if len(spec.Ports) > 0 {
+		cc.ExposedPorts = nat.PortSet{}
+		hc.PortBindings = nat.PortMap{}
+		for _, port := range spec.Ports {
+			cp := nat.Port(fmt.Sprintf("%d/tcp", port))
+			cc.ExposedPorts[cp] = struct{}{}
+			// Loopback only; the host port is picked by the engine.
+			hc.PortBindings[cp] = []nat.PortBinding{{HostIP: "127.0.0.1", HostPort: ""}}
+		}
+	}
+	for _, m := range spec.Mounts {
+		hc.Mounts = append(hc.Mounts, mount.Mount{
+			Type:     mount.TypeBind,
+			Source:   m.HostPath,
+			Target:   m.ContainerPath,
+			ReadOnly: m.ReadOnly,
+		})
+	}
+	return cc, hc
+}
+
+func checkMounts(spec NodeSpec) error {
+	for _, m := range spec.Mounts {
+		if _, err := os.Stat(m.HostPath); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrMountSource, m.HostPath, err)
+		}
+	}
+	return nil
+}
+
+// CreateNode creates the container for spec (not started: StartBootstrap
+// starts it). It is idempotent: if a container already has the name and
+// carries our labels, it is adopted when its spec hash matches and it runs,
+// else it is removed and created again. A same-named container without our
+// labels is never touched (ErrNotOwned).
+func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sink) (NodeHandle, error) {
+	if err := spec.Validate(); err != nil {
+		return NodeHandle{}, fmt.Errorf("create node: %w", err)
+	}
+	if err := checkMounts(spec); err != nil {
+		return NodeHandle{}, fmt.Errorf("create node: %w", err)
+	}
+	if sink == nil {
+		sink = Discard
+	}
+	ref := p.ProviderRef(spec)
+	cc, hc := p.buildConfig(spec)
+
+	for try := 0; ; try++ {
+		cctx, cancel := p.callCtx(ctx)
+		resp, err := p.api.ContainerCreate(cctx, cc, hc, nil, nil, ref)
+		cancel()
+		if err == nil {
+			for _, w := range resp.Warnings {
+				p.emit(sink, spec, ref, ObsProvider, "docker: "+w)
+			}
+			p.register(ref, spec, sink, resp.ID)
+			return NodeHandle{NodeID: spec.NodeID, RunID: spec.RunID, Ref: ref, ResourceID: resp.ID}, nil
+		}
+		if !cerrdefs.IsConflict(err) || try > 0 {
+			return NodeHandle{}, wrap("create container", ref, err)
+		}
+		// Name conflict: adopt the existing container or replace it.
+		info, err := p.inspect(ctx, ref)
+		if err != nil {
+			if cerrdefs.IsNotFound(err) {
+				continue // removed meanwhile: create again
+			}
+			return NodeHandle{}, err
+		}
+		if info.Config == nil || !p.owned(info.Config.Labels) {
+			return NodeHandle{}, fmt.Errorf("create container %s: name taken: %w", ref, ErrNotOwned)
+		}
+		if info.Config.Labels[LabelSpecHash] == spec.Hash() && info.State != nil && info.State.Running {
+			h := p.register(ref, spec, sink, info.ID)
+			p.emit(sink, spec, ref, ObsProvider, "adopted running container "+shortID(info.ID))
+			p.watch(ctx, ref, info)
+			return h, nil
+		}
+		p.emit(sink, spec, ref, ObsProvider, "replacing stale container "+shortID(info.ID))
+		if err := p.removeID(ctx, ref, info.ID); err != nil {
+			return NodeHandle{}, err
+		}
+	}
+}
+
+// CreateNodeSelected refuses any exact offer: a Docker engine has no offers.
+func (p *DockerProvider) CreateNodeSelected(ctx context.Context, spec NodeSpec, sink Sink, offer *uint64) (NodeHandle, error) {
+	return CreateNodeSelectedDefault(ctx, p, spec, sink, offer)
+}
+
+func (p *DockerProvider) register(ref string, spec NodeSpec, sink Sink, id string) NodeHandle {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.nodes[ref]
+	if n == nil || n.id != id {
+		if n != nil && n.cancel != nil {
+			n.cancel()
+		}
+		n = &dockerNode{}
+		p.nodes[ref] = n
+	}
+	n.spec, n.sink, n.id = spec.Clone(), sink, id
+	return NodeHandle{NodeID: spec.NodeID, RunID: spec.RunID, Ref: ref, ResourceID: id}
+}
+
+func (p *DockerProvider) node(ref string) (*dockerNode, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, ok := p.nodes[ref]
+	return n, ok
+}
+
+func (p *DockerProvider) forget(ref string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n, ok := p.nodes[ref]; ok {
+		if n.cancel != nil {
+			n.cancel()
+		}
+		delete(p.nodes, ref)
+	}
+}
+
+// StartBootstrap starts the container (a no-op if it runs) and begins
+// streaming its logs and watching for its exit.
+func (p *DockerProvider) StartBootstrap(ctx context.Context, h NodeHandle) error {
+	n, ok := p.node(h.Ref)
+	if !ok {
+		return fmt.Errorf("start %s: %w", h.Ref, ErrUnknownHandle)
+	}
+	cctx, cancel := p.callCtx(ctx)
+	err := p.api.ContainerStart(cctx, n.id, container.StartOptions{})
+	cancel()
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			p.forget(h.Ref)
+			return fmt.Errorf("start %s: %w: %w", h.Ref, ErrNotFound, err)
+		}
+		return wrap("start container", h.Ref, err)
+	}
+	info, err := p.inspect(ctx, n.id)
+	if err != nil {
+		return err
+	}
+	p.watch(ctx, h.Ref, info)
+	return nil
+}
+
+// CancelBootstrap stops the container, keeping it (StartBootstrap resumes).
+func (p *DockerProvider) CancelBootstrap(ctx context.Context, h NodeHandle) error {
+	n, ok := p.node(h.Ref)
+	if !ok {
+		return nil
+	}
+	return p.stopID(ctx, h.Ref, n.id)
+}
+
+// CompleteBootstrap has nothing to do for a container: it is live once it
+// runs; readiness is the caller's probe.
+func (p *DockerProvider) CompleteBootstrap(ctx context.Context, h NodeHandle) error {
+	if _, ok := p.node(h.Ref); !ok {
+		return fmt.Errorf("complete %s: %w", h.Ref, ErrUnknownHandle)
+	}
+	return nil
+}
+
+// StopNode stops and removes the handle's container after re-checking its
+// labels. A container already gone is success.
+func (p *DockerProvider) StopNode(ctx context.Context, h NodeHandle) error {
+	id := h.ResourceID
+	if n, ok := p.node(h.Ref); ok {
+		id = n.id
+	}
+	if id == "" {
+		id = h.Ref
+	}
+	p.forget(h.Ref)
+	return p.removeOwned(ctx, h.Ref, id)
+}
+
+// AdoptBySpec adopts spec's container if it exists, is ours, has spec's
+// hash and is running: its logs (the last LogTail lines of the current
+// run, then new ones) and exit go to sink. A stopped or stale container is
+// not adopted (ok false); CreateNode replaces it, PrepareMissingBootstrap
+// picks up a created-but-unstarted one.
+func (p *DockerProvider) AdoptBySpec(ctx context.Context, spec NodeSpec, sink Sink) (AdoptedNode, bool, error) {
+	info, ok, err := p.lookup(ctx, spec)
+	if err != nil || !ok || info.State == nil || !info.State.Running {
+		return AdoptedNode{}, false, err
+	}
+	if sink == nil {
+		sink = Discard
+	}
+	ref := p.ProviderRef(spec)
+	h := p.register(ref, spec, sink, info.ID)
+	h.ProcessID = uint32(max(info.State.Pid, 0))
+	p.emit(sink, spec, ref, ObsProvider, "adopted running container "+shortID(info.ID))
+	p.watch(ctx, ref, info)
+	return AdoptedNode{Handle: h, Ref: ref, Running: true}, true, nil
+}
+
+// PrepareMissingBootstrap registers the handle of spec's existing container
+// (ours, same hash, in any state) without starting anything. It never
+// creates a container: ok is false when there is none to prepare.
+func (p *DockerProvider) PrepareMissingBootstrap(ctx context.Context, spec NodeSpec, sink Sink) (AdoptedNode, bool, error) {
+	info, ok, err := p.lookup(ctx, spec)
+	if err != nil || !ok {
+		return AdoptedNode{}, false, err
+	}
+	if sink == nil {
+		sink = Discard
+	}
+	ref := p.ProviderRef(spec)
+	h := p.register(ref, spec, sink, info.ID)
+	running := info.State != nil && info.State.Running
+	if running {
+		p.watch(ctx, ref, info)
+	}
+	return AdoptedNode{Handle: h, Ref: ref, Running: running}, true, nil
+}
+
+// lookup inspects spec's container; ok is false when there is none or its
+// spec hash differs. A container at our name without our labels is an
+// error (ErrNotOwned), never "not found".
+func (p *DockerProvider) lookup(ctx context.Context, spec NodeSpec) (container.InspectResponse, bool, error) {
+	ref := p.ProviderRef(spec)
+	info, err := p.inspect(ctx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return container.InspectResponse{}, false, nil
+		}
+		return container.InspectResponse{}, false, err
+	}
+	if info.Config == nil || !p.owned(info.Config.Labels) {
+		return container.InspectResponse{}, false, fmt.Errorf("lookup %s: %w", ref, ErrNotOwned)
+	}
+	if info.Config.Labels[LabelSpecHash] != spec.Hash() {
+		return container.InspectResponse{}, false, nil
+	}
+	return info, true, nil
+}
+
+// ListManagedRefs lists the names of this site's and node's containers.
+func (p *DockerProvider) ListManagedRefs(ctx context.Context) ([]string, error) {
+	cs, err := p.ListManaged(ctx)
+	if err != nil {
+		return nil, err
+	}
+	refs := make([]string, 0, len(cs))
+	for _, c := range cs {
+		refs = append(refs, c.Ref)
+	}
+	return refs, nil
+}
+
+// ManagedContainer is one container carrying this agent's labels.
+type ManagedContainer struct {
+	Ref      string // container name
+	ID       string
+	Role     string
+	Attempt  uint64
+	SpecHash string
+	State    string // docker state: created, running, exited, ...
+	Labels   map[string]string
+}
+
+// ListManaged lists containers (any state) labeled with this site and node.
+// The daemon filters by label, and every result is re-checked client-side:
+// anything not fully ours is left out (fail closed).
+func (p *DockerProvider) ListManaged(ctx context.Context) ([]ManagedContainer, error) {
+	f := filters.NewArgs(
+		filters.Arg("label", LabelManagedBy+"="+ManagedByValue),
+		filters.Arg("label", LabelSite+"="+p.cfg.Site),
+		filters.Arg("label", LabelNode+"="+p.cfg.Node),
+	)
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	list, err := p.api.ContainerList(cctx, container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		return nil, wrap("list containers", p.cfg.Site+"/"+p.cfg.Node, err)
+	}
+	var out []ManagedContainer
+	for _, c := range list {
+		if !p.owned(c.Labels) || len(c.Names) == 0 {
+			continue
+		}
+		attempt, _ := strconv.ParseUint(c.Labels[LabelAttempt], 10, 64)
+		out = append(out, ManagedContainer{
+			Ref:      strings.TrimPrefix(c.Names[0], "/"),
+			ID:       c.ID,
+			Role:     c.Labels[LabelRole],
+			Attempt:  attempt,
+			SpecHash: c.Labels[LabelSpecHash],
+			State:    string(c.State),
+			Labels:   c.Labels,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
+	return out, nil
+}
+
+// RemoveManaged stops and removes the container ref after re-checking that
+// it carries our labels (ErrNotOwned otherwise). Gone already is success.
+func (p *DockerProvider) RemoveManaged(ctx context.Context, ref string) error {
+	p.forget(ref)
+	return p.removeOwned(ctx, ref, ref)
+}
+
+// StopBySpec stops and removes spec's container if it is ours, whatever its
+// spec hash. It returns false when no such container exists.
+func (p *DockerProvider) StopBySpec(ctx context.Context, spec NodeSpec, sink Sink) (bool, error) {
+	ref := p.ProviderRef(spec)
+	p.forget(ref)
+	info, err := p.inspect(ctx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	if info.Config == nil || !p.owned(info.Config.Labels) {
+		return false, fmt.Errorf("stop %s: %w", ref, ErrNotOwned)
+	}
+	if err := p.removeID(ctx, ref, info.ID); err != nil {
+		return false, err
+	}
+	if sink != nil {
+		p.emit(sink, spec, ref, ObsProvider, "removed container "+shortID(info.ID))
+	}
+	return true, nil
+}
+
+// NodeStatus is what Status reports about a container.
+type NodeStatus struct {
+	ID        string
+	Running   bool
+	ExitCode  int
+	StartedAt time.Time
+	Pid       int
+	// Endpoints maps container TCP ports to their published loopback
+	// address ("127.0.0.1:32768").
+	Endpoints map[int]string
+}
+
+// Status inspects ref's container (ErrNotFound when it does not exist,
+// ErrNotOwned when it is not ours).
+func (p *DockerProvider) Status(ctx context.Context, ref string) (NodeStatus, error) {
+	info, err := p.inspect(ctx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return NodeStatus{}, fmt.Errorf("status %s: %w", ref, ErrNotFound)
+		}
+		return NodeStatus{}, err
+	}
+	if info.Config == nil || !p.owned(info.Config.Labels) {
+		return NodeStatus{}, fmt.Errorf("status %s: %w", ref, ErrNotOwned)
+	}
+	st := NodeStatus{ID: info.ID, Endpoints: map[int]string{}}
+	if info.State != nil {
+		st.Running = info.State.Running
+		st.ExitCode = info.State.ExitCode
+		st.Pid = info.State.Pid
+		st.StartedAt, _ = time.Parse(time.RFC3339Nano, info.State.StartedAt)
+	}
+	if info.NetworkSettings != nil {
+		for port, bindings := range info.NetworkSettings.Ports {
+			for _, b := range bindings {
+				if b.HostIP == "127.0.0.1" && b.HostPort != "" {
+					st.Endpoints[port.Int()] = "127.0.0.1:" + b.HostPort
+				}
+			}
+		}
+	}
+	return st, nil
+}
+
+func (p *DockerProvider) inspect(ctx context.Context, ref string) (container.InspectResponse, error) {
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	info, err := p.api.ContainerInspect(cctx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return info, err
+		}
+		return info, wrap("inspect container", ref, err)
+	}
+	return info, nil
+}
+
+// removeOwned inspects id, refuses unless the labels are ours, then stops
+// and removes it. Not found is success.
+func (p *DockerProvider) removeOwned(ctx context.Context, ref, id string) error {
+	info, err := p.inspect(ctx, id)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if info.Config == nil || !p.owned(info.Config.Labels) {
+		return fmt.Errorf("remove %s: %w", ref, ErrNotOwned)
+	}
+	return p.removeID(ctx, ref, info.ID)
+}
+
+// stopID stops a container gracefully (StopTimeout, then SIGKILL).
+func (p *DockerProvider) stopID(ctx context.Context, ref, id string) error {
+	secs := int(p.cfg.StopTimeout.Round(time.Second) / time.Second)
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout+p.cfg.StopTimeout)
+	defer cancel()
+	if err := p.api.ContainerStop(cctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
+		return wrap("stop container", ref, err)
+	}
+	return nil
+}
+
+// removeID stops (gracefully) then removes a container we already checked.
+func (p *DockerProvider) removeID(ctx context.Context, ref, id string) error {
+	if err := p.stopID(ctx, ref, id); err != nil {
+		return err
+	}
+	cctx, cancel := p.callCtx(ctx)
+	defer cancel()
+	err := p.api.ContainerRemove(cctx, id, container.RemoveOptions{Force: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return wrap("remove container", ref, err)
+	}
+	return nil
+}
+
+func (p *DockerProvider) emit(sink Sink, spec NodeSpec, ref string, kind ObservationKind, line string) {
+	o := Observation{Kind: kind, RunID: spec.RunID, NodeID: spec.NodeID, Ref: ref, Time: time.Now()}
+	switch kind {
+	case ObsFailed:
+		o.Reason = line
+	default:
+		o.Line = line
+	}
+	sink.Observe(o)
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,167 @@
+package provision
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+	"go.uber.org/zap"
+)
+
+// maxLineLen bounds one observed log line; longer lines are split.
+const maxLineLen = 16 << 10
+
+// logsDrainGrace is how long the exit watcher waits for the log stream to
+// drain, so a node's last lines are observed before its exit.
+const logsDrainGrace = 2 * time.Second
+
+// watch starts streaming the logs of the container run described by info
+// and watching for its exit, unless that run is already watched. The
+// goroutines are owned by the provider: they end when the run ends, when
+// the node is forgotten, or on Close.
+func (p *DockerProvider) watch(_ context.Context, ref string, info container.InspectResponse) {
+	if info.State == nil {
+		return
+	}
+	key := info.ID + "@" + info.State.StartedAt
+	p.mu.Lock()
+	n, ok := p.nodes[ref]
+	if !ok || p.closed || (n.runKey == key && n.cancel != nil) {
+		p.mu.Unlock()
+		return
+	}
+	if n.cancel != nil {
+		n.cancel()
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	n.runKey, n.cancel = key, cancel
+	spec, sink, id := n.spec, n.sink, n.id
+	p.wg.Add(2)
+	p.mu.Unlock()
+
+	logsDone := make(chan struct{})
+	go func() {
+		defer p.wg.Done()
+		defer close(logsDone)
+		p.streamLogs(wctx, ref, id, logsSince(info.State), spec, sink)
+	}()
+	go func() {
+		defer p.wg.Done()
+		defer cancel()
+		p.waitExit(wctx, ref, id, spec, sink, logsDone)
+	}()
+}
+
+// logsSince is where the current run's log lines begin: after the previous
+// run finished. StartedAt would be wrong: the engine records it after the
+// process is already running (and writing).
+func logsSince(st *container.State) string {
+	fin, err := time.Parse(time.RFC3339Nano, st.FinishedAt)
+	if err != nil || fin.Year() < 2000 {
+		return "" // never finished before: the whole log is this run
+	}
+	return fin.Add(time.Nanosecond).Format(time.RFC3339Nano)
+}
+
+func (p *DockerProvider) streamLogs(ctx context.Context, ref, id, since string, spec NodeSpec, sink Sink) {
+	rc, err := p.api.ContainerLogs(ctx, id, container.LogsOptions{
+		ShowStdout: true,
+		ShowStderr: true,
+		Follow:     true,
+		Since:      since,
+		Tail:       itoa(p.cfg.LogTail),
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			p.emit(sink, spec, ref, ObsProvider, "log stream: "+err.Error())
+		}
+		return
+	}
+	defer rc.Close()
+	stdout := &lineWriter{emit: func(l string) { p.emit(sink, spec, ref, ObsStdout, l) }}
+	stderr := &lineWriter{emit: func(l string) { p.emit(sink, spec, ref, ObsStderr, l) }}
+	// Closing the body unblocks StdCopy when the watch is cancelled.
+	stop := context.AfterFunc(ctx, func() { rc.Close() })
+	defer stop()
+	_, err = stdcopy.StdCopy(stdout, stderr, rc)
+	stdout.flush()
+	stderr.flush()
+	if err != nil && ctx.Err() == nil {
+		p.log.Debug("log stream ended", zap.String("ref", ref), zap.Error(err))
+	}
+}
+
+// waitExit reports the run's exit once, after its logs drained. A lost
+// connection to the daemon is retried with backoff until the watch ends.
+func (p *DockerProvider) waitExit(ctx context.Context, ref, id string, spec NodeSpec, sink Sink, logsDone <-chan struct{}) {
+	backoff := 250 * time.Millisecond
+	for {
+		respC, errC := p.api.ContainerWait(ctx, id, container.WaitConditionNotRunning)
+		select {
+		case <-ctx.Done():
+			return
+		case resp := <-respC:
+			t := time.NewTimer(logsDrainGrace)
+			select {
+			case <-logsDone:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			if ctx.Err() != nil {
+				return
+			}
+			status := int(resp.StatusCode)
+			sink.Observe(Observation{Kind: ObsExited, RunID: spec.RunID, NodeID: spec.NodeID, Ref: ref, Time: time.Now(), Status: &status})
+			return
+		case err := <-errC:
+			if ctx.Err() != nil {
+				return
+			}
+			p.emit(sink, spec, ref, ObsProvider, "exit watch: "+wrap("wait container", ref, err).Error())
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(backoff*2, 10*time.Second)
+		}
+	}
+}
+
+// lineWriter splits a byte stream into lines for observations.
+type lineWriter struct {
+	buf  []byte
+	emit func(string)
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.buf = append(w.buf, b...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.emit(string(bytes.TrimSuffix(w.buf[:i], []byte("\r"))))
+		w.buf = w.buf[i+1:]
+	}
+	for len(w.buf) >= maxLineLen {
+		w.emit(string(w.buf[:maxLineLen]))
+		w.buf = w.buf[maxLineLen:]
+	}
+	if len(w.buf) == 0 {
+		w.buf = nil
+	}
+	return len(b), nil
+}
+
+func (w *lineWriter) flush() {
+	if len(w.buf) > 0 {
+		w.emit(string(w.buf))
+		w.buf = nil
+	}
+}

@@ -1,0 +1,241 @@
+package provision
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"go.uber.org/goleak"
+)
+
+// testImage is built in TestMain, FROM scratch, from the static demo model
+// binary and the rowrite helper. Its default command serves the demo model
+// on 0.0.0.0:8080.
+const testImage = "infermesh-demo:test"
+
+// runID makes this test run's site names unique, so parallel runs (and
+// other engineers' runs) on one engine never see each other's containers.
+var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
+
+var siteSeq atomic.Int64
+
+func TestMain(m *testing.M) {
+	if err := buildTestImage(); err != nil {
+		fmt.Fprintln(os.Stderr, "provision tests: build test image:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func buildTestImage() error {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "provision-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bins := map[string]string{
+		"infermesh-demo": "./cmd/infermesh-demo",
+		"rowrite":        "./provision/internal/testbin/rowrite",
+	}
+	for name, pkg := range bins {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+		}
+	}
+	dockerfile := "FROM scratch\n" +
+		"COPY infermesh-demo /infermesh-demo\n" +
+		"COPY rowrite /rowrite\n" +
+		`CMD ["/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo"]` + "\n"
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, mode int64, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(data))}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
+		return err
+	}
+	for name := range bins {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if err := add(name, 0o755, data); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+
+	cli, err := NewDockerClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	resp, err := cli.ImageBuild(ctx, &buf, build.ImageBuildOptions{
+		Tags:        []string{testImage},
+		Remove:      true,
+		ForceRemove: true,
+	})
+	if err != nil {
+		return fmt.Errorf("image build: %w", err)
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var msg struct {
+			Error string `json:"error"`
+		}
+		if err := dec.Decode(&msg); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("image build output: %w", err)
+		}
+		if msg.Error != "" {
+			return fmt.Errorf("image build: %s", msg.Error)
+		}
+	}
+	return nil
+}
+
+// testSite returns a site name unique to this test run and test, and
+// registers a cleanup that force-removes every container labeled with it,
+// whatever happens in the test.
+func testSite(t *testing.T) string {
+	t.Helper()
+	site := fmt.Sprintf("pt%s-%d", runID, siteSeq.Add(1))
+	t.Cleanup(func() { removeSite(t, site) })
+	return site
+}
+
+func removeSite(t *testing.T, site string) {
+	t.Helper()
+	cli, err := NewDockerClient()
+	if err != nil {
+		t.Errorf("cleanup client: %v", err)
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelSite+"="+site))})
+	if err != nil {
+		t.Errorf("cleanup list: %v", err)
+		return
+	}
+	for _, c := range list {
+		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !client.IsErrNotFound(err) {
+			t.Errorf("cleanup remove %s: %v", c.ID, err)
+		}
+	}
+}
+
+// testClient returns a real Docker client closed when the test ends.
+func testClient(t *testing.T) *client.Client {
+	t.Helper()
+	cli, err := NewDockerClient()
+	if err != nil {
+		t.Fatalf("docker client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// removeByName force-removes a container the test created without labels.
+func removeByName(t *testing.T, cli *client.Client, name string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cli.ContainerRemove(ctx, name, container.RemoveOptions{Force: true}); err != nil && !client.IsErrNotFound(err) {
+			t.Errorf("cleanup remove %s: %v", name, err)
+		}
+	})
+}
+
+// demoSpec is a spec serving the demo model on container port 8080.
+func demoSpec(role string, attempt uint64) NodeSpec {
+	return NodeSpec{
+		RunID:     0,
+		NodeID:    1,
+		AttemptID: attempt,
+		Image:     testImage,
+		Args:      []string{"/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo-" + role},
+		Env:       []EnvVar{{Name: "INFERMESH_TEST", Value: "1"}},
+		Role:      role,
+		Ports:     []int{8080},
+	}
+}
+
+// recorder is a Sink that keeps every observation.
+type recorder struct {
+	ch chan Observation
+}
+
+func newRecorder() *recorder { return &recorder{ch: make(chan Observation, 1024)} }
+
+func (r *recorder) Observe(o Observation) {
+	select {
+	case r.ch <- o:
+	default:
+	}
+}
+
+// waitFor returns the first observation satisfying pred, failing the test
+// after timeout. Observations before it are collected in seen.
+func (r *recorder) waitFor(t *testing.T, timeout time.Duration, pred func(Observation) bool) (Observation, []Observation) {
+	t.Helper()
+	var seen []Observation
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case o := <-r.ch:
+			if pred(o) {
+				return o, seen
+			}
+			seen = append(seen, o)
+		case <-deadline.C:
+			var lines []string
+			for _, o := range seen {
+				lines = append(lines, o.Kind.String()+": "+o.Line+o.Reason)
+			}
+			t.Fatalf("no matching observation within %v; saw:\n%s", timeout, strings.Join(lines, "\n"))
+			return Observation{}, nil
+		}
+	}
+}
