@@ -1,0 +1,392 @@
+package mesh
+
+import (
+	"crypto/ed25519"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// Wire format. Every gossip user message starts with its type byte.
+//
+//	advert: 0x01 | body length (uint16 BE) | body (JSON advertBody) | ed25519 signature
+//	state:  0x02 | count (uvarint) | count x (length (uvarint) | advert message)
+//
+// The signature is by the origin's node key over advertDomain + body; the
+// body names the cluster, so an advert cannot be replayed into another one.
+const (
+	msgAdvert    byte = 0x01
+	msgState     byte = 0x02
+	advertDomain      = "infermesh/advert/v1\x00"
+	// maxAdvertMsg keeps an advert well inside one UDP gossip packet.
+	maxAdvertMsg = 1024
+)
+
+// advertBody is what an origin signs.
+type advertBody struct {
+	Cluster   string   `json:"cluster"`
+	Origin    string   `json:"origin"`
+	Role      string   `json:"role"`
+	Seq       uint64   `json:"seq"`
+	Withdrawn bool     `json:"withdrawn,omitempty"`
+	API       string   `json:"api,omitempty"`
+	Runtime   string   `json:"runtime,omitempty"`
+	Model     string   `json:"model,omitempty"`
+	Load      uint32   `json:"load,omitempty"`
+	Methods   []string `json:"methods,omitempty"`
+}
+
+func (b advertBody) advert() placement.Advert {
+	return placement.Advert{
+		Name: placement.ServicePrefix + b.Role, Node: b.Origin,
+		API: b.API, Runtime: b.Runtime, Model: b.Model, Load: b.Load,
+		Methods: slices.Clone(b.Methods),
+	}
+}
+
+func encodeAdvert(body advertBody, priv ed25519.PrivateKey) ([]byte, error) {
+	j, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	n := 1 + 2 + len(j) + ed25519.SignatureSize
+	if n > maxAdvertMsg {
+		return nil, fmt.Errorf("advert for role %q is %d bytes, more than %d", body.Role, n, maxAdvertMsg)
+	}
+	msg := make([]byte, 0, n)
+	msg = append(msg, msgAdvert)
+	msg = binary.BigEndian.AppendUint16(msg, uint16(len(j)))
+	msg = append(msg, j...)
+	sig := ed25519.Sign(priv, append([]byte(advertDomain), j...))
+	return append(msg, sig...), nil
+}
+
+// decodeAdvert splits an advert message. It does not verify the signature.
+func decodeAdvert(msg []byte) (body advertBody, signed, sig []byte, err error) {
+	if len(msg) < 3+ed25519.SignatureSize || msg[0] != msgAdvert {
+		return body, nil, nil, errors.New("short advert message")
+	}
+	n := int(binary.BigEndian.Uint16(msg[1:3]))
+	if len(msg) != 3+n+ed25519.SignatureSize {
+		return body, nil, nil, fmt.Errorf("advert message length %d does not match body length %d", len(msg), n)
+	}
+	j := msg[3 : 3+n]
+	if err := json.Unmarshal(j, &body); err != nil {
+		return body, nil, nil, fmt.Errorf("advert body: %w", err)
+	}
+	return body, append([]byte(advertDomain), j...), msg[3+n:], nil
+}
+
+// advertBroadcast is a queued advert. Named by origin and role, so a newer
+// advert replaces the queued older one.
+type advertBroadcast struct {
+	name string
+	msg  []byte
+}
+
+var _ memberlist.NamedBroadcast = (*advertBroadcast)(nil)
+
+func (b *advertBroadcast) Name() string    { return b.name }
+func (b *advertBroadcast) Message() []byte { return b.msg }
+func (b *advertBroadcast) Finished()       {}
+
+// Invalidates follows NamedBroadcast's contract: same name, same advert slot.
+func (b *advertBroadcast) Invalidates(o memberlist.Broadcast) bool {
+	nb, ok := o.(memberlist.NamedBroadcast)
+	return ok && nb.Name() == b.name
+}
+
+type advertKey struct{ origin, role string }
+
+// advertRecord is the newest advert we accepted for an origin and role. Its
+// seq is the high-water mark against replays; it outlives the origin's
+// departure (gone) for a while so an old advert cannot come back.
+type advertRecord struct {
+	seq       uint64
+	msg       []byte // nil once gone
+	withdrawn bool
+	received  time.Time
+	gone      bool // origin left, died or is no longer admitted
+}
+
+// handleAdvert verifies and applies one advert message; relay re-broadcasts
+// it when it was new to us (gossip, not push/pull).
+func (m *Mesh) handleAdvert(msg []byte, relay bool) {
+	body, signed, sig, err := decodeAdvert(msg)
+	if err != nil {
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, err.Error())
+		return
+	}
+	origin, role := body.Origin, body.Role
+	if body.Cluster != m.cfg.Cluster {
+		m.refuse(auditAdvertRefused, origin, role, reasonWrongCluster,
+			fmt.Sprintf("advert for cluster %q, we are in %q", body.Cluster, m.cfg.Cluster))
+		return
+	}
+	if origin == m.name {
+		return // our own, echoed back by gossip
+	}
+	if err := placement.ValidateRole(role); err != nil {
+		m.refuse(auditAdvertRefused, origin, role, reasonMalformed, err.Error())
+		return
+	}
+	if err := ValidateNodeName(origin); err != nil {
+		m.refuse(auditAdvertRefused, "", role, reasonMalformed, err.Error())
+		return
+	}
+	// Verify against the origin's admitted key: whoever relayed the message
+	// to us is irrelevant.
+	scope, why, p := m.scopeOf(origin)
+	switch {
+	case p == nil:
+		m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin is not a live member")
+		return
+	case scope == 0:
+		m.refuse(auditAdvertRefused, origin, role, reasonUnadmitted, why)
+		return
+	case !ed25519.Verify(p.meta.key, signed, sig):
+		m.refuse(auditAdvertRefused, origin, role, reasonBadSignature, "signature is not by the origin's key")
+		return
+	case scope != ScopeFull:
+		m.refuse(auditAdvertRefused, origin, role, reasonNotFullScope, "origin is admitted as "+scope.String())
+		return
+	}
+
+	k := advertKey{origin, role}
+	var ingestErr error
+	m.advMu.Lock()
+	m.mu.RLock()
+	cur := m.peers[origin]
+	m.mu.RUnlock()
+	if cur == nil || !cur.meta.key.Equal(p.meta.key) {
+		m.advMu.Unlock() // it left while we verified
+		m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin left")
+		return
+	}
+	rec := m.adverts[k]
+	if rec != nil && body.Seq == rec.seq {
+		m.advMu.Unlock() // a copy we already have: gossip repeats itself
+		return
+	}
+	if rec != nil && body.Seq < rec.seq {
+		m.advMu.Unlock()
+		m.refuse(auditAdvertRefused, origin, role, reasonStale,
+			fmt.Sprintf("sequence %d, already have %d", body.Seq, rec.seq))
+		return
+	}
+	// Only a strictly newer sequence number gets here: only it refreshes
+	// the TTL in placement.
+	m.adverts[k] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
+	if m.sink != nil {
+		if body.Withdrawn {
+			m.sink.Withdraw(role, origin)
+		} else {
+			ingestErr = m.sink.IngestAdvertisement(origin, body.advert())
+		}
+	}
+	m.advMu.Unlock()
+	if ingestErr != nil {
+		m.countPlacement(ingestErr)
+	}
+	if relay {
+		m.bcast.QueueBroadcast(&advertBroadcast{name: "advert/" + origin + "/" + role, msg: msg})
+	}
+}
+
+// forgetOriginLocked drops what origin advertised from push/pull state,
+// keeping the sequence high-water marks. advMu must be held.
+func (m *Mesh) forgetOriginLocked(origin string) {
+	for k, r := range m.adverts {
+		if k.origin == origin {
+			r.gone, r.msg = true, nil
+		}
+	}
+}
+
+// localState encodes every fresh advert we hold, ours included, for a
+// push/pull.
+func (m *Mesh) localState() []byte {
+	now := time.Now()
+	var msgs [][]byte
+	size := 1 + binary.MaxVarintLen64
+	m.advMu.Lock()
+	for _, r := range m.adverts {
+		if r.gone || r.msg == nil || now.Sub(r.received) > m.cfg.AdvertTTL {
+			continue
+		}
+		msgs = append(msgs, r.msg)
+		size += binary.MaxVarintLen64 + len(r.msg)
+	}
+	m.advMu.Unlock()
+	b := make([]byte, 0, size)
+	b = append(b, msgState)
+	b = binary.AppendUvarint(b, uint64(len(msgs)))
+	for _, msg := range msgs {
+		b = binary.AppendUvarint(b, uint64(len(msg)))
+		b = append(b, msg...)
+	}
+	return b
+}
+
+// mergeState applies the adverts of a peer's push/pull state. They are not
+// relayed: push/pull already reaches everyone in turn.
+func (m *Mesh) mergeState(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if b[0] != msgState {
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state of unknown type")
+		return
+	}
+	b = b[1:]
+	count, n := binary.Uvarint(b)
+	if n <= 0 {
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state: bad count")
+		return
+	}
+	b = b[n:]
+	for range count {
+		l, n := binary.Uvarint(b)
+		if n <= 0 || l > uint64(len(b)-n) {
+			m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state: truncated")
+			return
+		}
+		m.handleAdvert(b[n:n+int(l)], false)
+		b = b[n+int(l):]
+	}
+}
+
+// nextSeq returns a sequence number greater than every one used before,
+// also across restarts (it never falls below the wall clock in ns).
+func (m *Mesh) nextSeq() uint64 {
+	for {
+		old := m.seq.Load()
+		n := max(old+1, uint64(time.Now().UnixNano()))
+		if m.seq.CompareAndSwap(old, n) {
+			return n
+		}
+	}
+}
+
+// publish signs, records and broadcasts one of our adverts.
+func (m *Mesh) publish(body advertBody) error {
+	body.Cluster, body.Origin, body.Seq = m.cfg.Cluster, m.name, m.nextSeq()
+	msg, err := encodeAdvert(body, m.priv)
+	if err != nil {
+		return err
+	}
+	m.advMu.Lock()
+	m.adverts[advertKey{m.name, body.Role}] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
+	m.advMu.Unlock()
+	m.bcast.QueueBroadcast(&advertBroadcast{name: "advert/" + m.name + "/" + body.Role, msg: msg})
+	return nil
+}
+
+type sentAdvert struct {
+	ad placement.Advert
+	at time.Time
+}
+
+// advertiseLoop compares our local roles with what we advertised every
+// gossip interval: a new or changed role is advertised at once, a role no
+// longer served is withdrawn (signed), and every advert is re-signed with a
+// new sequence number every AdvertTTL/3 so receivers keep it fresh. It
+// also enforces admission (certificate expiry) and collects old records.
+func (m *Mesh) advertiseLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.GossipInterval)
+	defer t.Stop()
+	sent := map[string]sentAdvert{}
+	lastGC := time.Now()
+	m.advertiseOnce(sent)
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.advertiseOnce(sent)
+		m.enforceAdmission()
+		if time.Since(lastGC) >= m.cfg.AdvertTTL/3 {
+			m.gc()
+			lastGC = time.Now()
+		}
+	}
+}
+
+func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
+	if m.sink == nil {
+		return
+	}
+	now := time.Now()
+	refresh := m.cfg.AdvertTTL / 3
+	// A load change alone is sent at most this often.
+	loadRefresh := min(refresh, time.Second)
+	seen := map[string]bool{}
+	for _, ad := range m.sink.Advertisements() {
+		role := ad.Role()
+		if role == "" || ad.Node != m.name {
+			continue
+		}
+		seen[role] = true
+		prev, ok := sent[role]
+		age := now.Sub(prev.at)
+		due := !ok || age >= refresh || !sameButLoad(prev.ad, ad) || (prev.ad.Load != ad.Load && age >= loadRefresh)
+		if !due {
+			continue
+		}
+		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods})
+		if err != nil {
+			m.log.Warn("cannot advertise role", zap.String("role", role), zap.Error(err))
+			continue
+		}
+		sent[role] = sentAdvert{ad: ad, at: now}
+	}
+	for role := range sent {
+		if seen[role] {
+			continue
+		}
+		if err := m.publish(advertBody{Role: role, Withdrawn: true}); err != nil {
+			m.log.Warn("cannot withdraw role", zap.String("role", role), zap.Error(err))
+			continue
+		}
+		delete(sent, role)
+		m.log.Info("withdrew role", zap.String("role", role))
+	}
+}
+
+func sameButLoad(a, b placement.Advert) bool {
+	return a.Name == b.Name && a.Node == b.Node && a.API == b.API && a.Runtime == b.Runtime &&
+		a.Model == b.Model && slices.Equal(a.Methods, b.Methods)
+}
+
+// gc drops records nobody needs: gone or of non-members, and older than
+// three TTLs (by then the origin, if back, advertises with a newer
+// sequence number anyway). Records of live members are kept as high-water
+// marks.
+func (m *Mesh) gc() {
+	now := time.Now()
+	m.advMu.Lock()
+	defer m.advMu.Unlock()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for k, r := range m.adverts {
+		if k.origin == m.name {
+			if r.withdrawn && now.Sub(r.received) > 3*m.cfg.AdvertTTL {
+				delete(m.adverts, k)
+			}
+			continue
+		}
+		if _, live := m.peers[k.origin]; (r.gone || !live) && now.Sub(r.received) > 3*m.cfg.AdvertTTL {
+			delete(m.adverts, k)
+		}
+	}
+}

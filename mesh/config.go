@@ -1,0 +1,244 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// AdvertSink is where the mesh delivers verified adverts and where it reads
+// this node's own; *placement.Table satisfies it.
+//
+// All methods must be safe for concurrent use and must not block: the mesh
+// calls them from memberlist's receive paths, with its advert lock held so
+// that the calls for one origin arrive in the order the mesh decided them.
+// They must not call back into the Mesh except through placement.Admission.
+type AdvertSink interface {
+	// IngestAdvertisement hears an advert verified as coming from sender; a
+	// refusal is returned as an error (a *placement.RefusedError gives the
+	// reason).
+	IngestAdvertisement(sender string, ad placement.Advert) error
+	// Withdraw forgets node's advert of role.
+	Withdraw(role, node string)
+	// RemoveNode forgets everything node advertised.
+	RemoveNode(node string)
+	// Advertisements returns this node's own adverts (exposed local roles).
+	Advertisements() []placement.Advert
+}
+
+var _ AdvertSink = (*placement.Table)(nil)
+
+// Defaults.
+const (
+	DefaultCluster        = "infermesh"
+	DefaultBindAddr       = "0.0.0.0:7946"
+	DefaultKeyringFile    = "keyring.json"
+	DefaultJoinBackoff    = time.Second
+	DefaultJoinMaxBackoff = 30 * time.Second
+)
+
+// Config configures a Mesh. The zero value of a field means its default
+// (see DefaultConfig); StateDir is required.
+type Config struct {
+	// NodeName is this node's name, also its memberlist name. Default: the
+	// host name.
+	NodeName string
+	// StateDir holds the node key (NodeKeyFile) and, by default, the gossip
+	// keyring. Required.
+	StateDir string
+	// KeyFile overrides the node key path. Default: StateDir/node.key.
+	KeyFile string
+	// Cluster is the cluster name: the memberlist label, and bound into
+	// node meta and every signed advert. Default DefaultCluster.
+	Cluster string
+	// BindAddr is the gossip bind address, host:port. Port 0 picks a free
+	// port (see Mesh.GossipAddr). Default DefaultBindAddr.
+	BindAddr string
+	// AdvertiseAddr is the gossip address other nodes use, host:port.
+	// Default: derived from BindAddr by memberlist.
+	AdvertiseAddr string
+	// QUICAddr is this node's QUIC endpoint, host:port, carried in node
+	// meta for peers (PeerAddr). Default: none.
+	QUICAddr string
+	// Join lists gossip addresses of existing members (see Mesh.Join). An
+	// empty list is a valid single-node mesh.
+	Join []string
+	// KeyringPath is the gossip keyring file; relative paths are inside
+	// StateDir. It must exist (see WriteNewKeyring). Default
+	// StateDir/keyring.json.
+	KeyringPath string
+	// Certificate is this node's admission certificate (text form), if the
+	// cluster admits it by certificate rather than by static trust.
+	Certificate string
+	// Trust says which other nodes are admitted. Changeable at run time with
+	// Mesh.SetTrust, Revoke and Unrevoke.
+	Trust TrustConfig
+
+	// AdvertTTL is how long a received advert counts; origins re-advertise
+	// every AdvertTTL/3. Use the same value as the placement table.
+	// Default placement.DefaultAdvertTTL.
+	AdvertTTL time.Duration
+	// GossipInterval is memberlist's gossip interval, and how often this
+	// node compares its local roles with what it advertised (so a role that
+	// stops being served is withdrawn within one interval). Default 200ms.
+	GossipInterval time.Duration
+	// ProbeInterval and ProbeTimeout drive failure detection. Defaults 1s
+	// and 500ms.
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	// PushPullInterval is the full state sync interval. Default 30s.
+	PushPullInterval time.Duration
+	// SuspicionMult scales how long a suspected node has to refute before it
+	// is declared dead. Default 4.
+	SuspicionMult int
+	// RetransmitMult scales how often a broadcast is retransmitted.
+	// Default 4.
+	RetransmitMult int
+	// TCPTimeout bounds push/pull and join connections. Default 10s.
+	TCPTimeout time.Duration
+	// JoinBackoff and JoinMaxBackoff bound Join's retry delay (doubling).
+	// Defaults DefaultJoinBackoff and DefaultJoinMaxBackoff.
+	JoinBackoff    time.Duration
+	JoinMaxBackoff time.Duration
+
+	// Sink receives verified adverts and supplies ours. Nil: adverts are
+	// verified and relayed but not delivered, and none are sent.
+	Sink AdvertSink
+	// Audit records refusals. Nil discards them.
+	Audit placement.AuditSink
+	// Logger. Nil means zap.NewNop().
+	Logger *zap.Logger
+	// Now is the clock for admission (certificate expiry). Nil means
+	// time.Now. Tests inject a clock. Advert bookkeeping uses the monotonic
+	// clock.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults (memberlist's LAN profile). StateDir
+// must still be set.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:         host,
+		Cluster:          DefaultCluster,
+		BindAddr:         DefaultBindAddr,
+		AdvertTTL:        placement.DefaultAdvertTTL,
+		GossipInterval:   200 * time.Millisecond,
+		ProbeInterval:    time.Second,
+		ProbeTimeout:     500 * time.Millisecond,
+		PushPullInterval: 30 * time.Second,
+		SuspicionMult:    4,
+		RetransmitMult:   4,
+		TCPTimeout:       10 * time.Second,
+		JoinBackoff:      DefaultJoinBackoff,
+		JoinMaxBackoff:   DefaultJoinMaxBackoff,
+	}
+}
+
+// withDefaults fills zero fields and validates; errors name the field.
+func (c Config) withDefaults() (Config, error) {
+	d := DefaultConfig()
+	setStr := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setDur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setStr(&c.NodeName, d.NodeName)
+	setStr(&c.Cluster, d.Cluster)
+	setStr(&c.BindAddr, d.BindAddr)
+	setDur(&c.AdvertTTL, d.AdvertTTL)
+	setDur(&c.GossipInterval, d.GossipInterval)
+	setDur(&c.ProbeInterval, d.ProbeInterval)
+	setDur(&c.ProbeTimeout, d.ProbeTimeout)
+	setDur(&c.PushPullInterval, d.PushPullInterval)
+	setDur(&c.TCPTimeout, d.TCPTimeout)
+	setDur(&c.JoinBackoff, d.JoinBackoff)
+	setDur(&c.JoinMaxBackoff, d.JoinMaxBackoff)
+	if c.SuspicionMult == 0 {
+		c.SuspicionMult = d.SuspicionMult
+	}
+	if c.RetransmitMult == 0 {
+		c.RetransmitMult = d.RetransmitMult
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+
+	if err := ValidateNodeName(c.NodeName); err != nil {
+		return c, fmt.Errorf("NodeName: %w", err)
+	}
+	if c.StateDir == "" {
+		return c, errors.New("StateDir: required")
+	}
+	setStr(&c.KeyFile, filepath.Join(c.StateDir, NodeKeyFile))
+	setStr(&c.KeyringPath, DefaultKeyringFile)
+	if !filepath.IsAbs(c.KeyringPath) {
+		c.KeyringPath = filepath.Join(c.StateDir, c.KeyringPath)
+	}
+	if len(c.Cluster) > maxClusterLen {
+		return c, fmt.Errorf("Cluster: longer than %d bytes", maxClusterLen)
+	}
+	if _, _, err := splitHostPort(c.BindAddr); err != nil {
+		return c, fmt.Errorf("BindAddr: %w", err)
+	}
+	if c.AdvertiseAddr != "" {
+		if _, _, err := splitHostPort(c.AdvertiseAddr); err != nil {
+			return c, fmt.Errorf("AdvertiseAddr: %w", err)
+		}
+	}
+	if c.QUICAddr != "" {
+		if len(c.QUICAddr) > maxQUICAddrLen {
+			return c, fmt.Errorf("QUICAddr: longer than %d bytes", maxQUICAddrLen)
+		}
+		if _, _, err := splitHostPort(c.QUICAddr); err != nil {
+			return c, fmt.Errorf("QUICAddr: %w", err)
+		}
+	}
+	for name, d := range map[string]time.Duration{
+		"AdvertTTL": c.AdvertTTL, "GossipInterval": c.GossipInterval, "ProbeInterval": c.ProbeInterval,
+		"ProbeTimeout": c.ProbeTimeout, "PushPullInterval": c.PushPullInterval, "TCPTimeout": c.TCPTimeout,
+		"JoinBackoff": c.JoinBackoff, "JoinMaxBackoff": c.JoinMaxBackoff,
+	} {
+		if d < 0 {
+			return c, fmt.Errorf("%s: negative duration %v", name, d)
+		}
+	}
+	if c.SuspicionMult < 0 {
+		return c, fmt.Errorf("SuspicionMult: negative")
+	}
+	if c.RetransmitMult < 0 {
+		return c, fmt.Errorf("RetransmitMult: negative")
+	}
+	if c.GossipInterval > c.AdvertTTL/3 {
+		return c, fmt.Errorf("GossipInterval: %v is longer than AdvertTTL/3 (%v)", c.GossipInterval, c.AdvertTTL/3)
+	}
+	return c, nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", s)
+	}
+	return host, port, nil
+}

@@ -1,0 +1,275 @@
+package mesh
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+)
+
+// The memberlist delegates are distinct types over the same Mesh so that
+// their methods do not become part of Mesh's API. memberlist calls several
+// of them (alive, events, conflict) with its node lock held: they must
+// never call back into memberlist, and they only take the Mesh's own locks.
+
+type (
+	delegate         Mesh
+	events           Mesh
+	aliveDelegate    Mesh
+	mergeDelegate    Mesh
+	conflictDelegate Mesh
+)
+
+var (
+	_ memberlist.Delegate         = (*delegate)(nil)
+	_ memberlist.EventDelegate    = (*events)(nil)
+	_ memberlist.AliveDelegate    = (*aliveDelegate)(nil)
+	_ memberlist.MergeDelegate    = (*mergeDelegate)(nil)
+	_ memberlist.ConflictDelegate = (*conflictDelegate)(nil)
+)
+
+// NodeMeta returns our signed node meta.
+func (d *delegate) NodeMeta(limit int) []byte {
+	b := *(*Mesh)(d).meta.Load()
+	if len(b) > limit {
+		// Cannot happen: New checked the size against MetaMaxSize.
+		return nil
+	}
+	return b
+}
+
+// NotifyMsg receives gossiped adverts. The buffer is reused by memberlist.
+func (d *delegate) NotifyMsg(b []byte) {
+	m := (*Mesh)(d)
+	if len(b) == 0 {
+		return
+	}
+	msg := append([]byte(nil), b...)
+	switch msg[0] {
+	case msgAdvert:
+		m.handleAdvert(msg, true)
+	default:
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, fmt.Sprintf("unknown message type %d", msg[0]))
+	}
+}
+
+// GetBroadcasts hands memberlist the queued adverts.
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.bcast.GetBroadcasts(overhead, limit)
+}
+
+// LocalState is our side of a push/pull: every fresh advert we hold.
+func (d *delegate) LocalState(join bool) []byte {
+	return (*Mesh)(d).localState()
+}
+
+// MergeRemoteState takes the adverts of the other side of a push/pull.
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	(*Mesh)(d).mergeState(buf)
+}
+
+// NotifyJoin records an admitted peer.
+func (e *events) NotifyJoin(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+
+// NotifyUpdate records a peer's new meta.
+func (e *events) NotifyUpdate(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+
+// NotifyLeave forgets a peer that left or was declared dead, and everything
+// it advertised, at once.
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	m := (*Mesh)(e)
+	if n.Name == m.name {
+		return
+	}
+	m.advMu.Lock()
+	defer m.advMu.Unlock()
+	m.mu.Lock()
+	_, had := m.peers[n.Name]
+	delete(m.peers, n.Name)
+	delete(m.removed, n.Name)
+	m.members.Store(int64(len(m.peers) + 1))
+	m.mu.Unlock()
+	if !had {
+		return
+	}
+	m.forgetOriginLocked(n.Name)
+	if m.sink != nil {
+		m.sink.RemoveNode(n.Name)
+	}
+	m.log.Info("peer gone", zap.String("peer", n.Name), zap.String("state", stateName(n.State)))
+}
+
+func stateName(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateDead:
+		return "dead"
+	case memberlist.StateLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+func (m *Mesh) upsertPeer(n *memberlist.Node) {
+	if n.Name == m.name {
+		return
+	}
+	meta, err := m.metaCache.parse(n.Name, n.Meta)
+	if err != nil {
+		// The alive delegate already refused it; memberlist only notifies
+		// accepted nodes, so this is a node admitted before a meta change
+		// we cannot read. Forget it.
+		m.log.Warn("peer meta unreadable", zap.String("peer", n.Name), zap.Error(err))
+		return
+	}
+	m.mu.Lock()
+	certOK := m.trust.certOK(meta.cert)
+	_, had := m.peers[n.Name]
+	m.peers[n.Name] = &peer{name: n.Name, addr: n.Address(), meta: meta, certOK: certOK}
+	m.members.Store(int64(len(m.peers) + 1))
+	m.mu.Unlock()
+	if !had {
+		m.log.Info("peer joined", zap.String("peer", n.Name), zap.String("addr", n.Address()))
+	}
+}
+
+// NotifyAlive refuses nodes that are not admitted, from another cluster, or
+// whose name or key is already taken.
+func (a *aliveDelegate) NotifyAlive(n *memberlist.Node) error {
+	m := (*Mesh)(a)
+	why, detail := m.checkIdentity(n)
+	if why == "" && n.Name != m.name {
+		meta, _ := m.metaCache.parse(n.Name, n.Meta)
+		m.mu.RLock()
+		t := m.trust
+		m.mu.RUnlock()
+		if s, w := t.admit(n.Name, meta.key, meta.cert, t.certOK(meta.cert), m.cfg.Now()); s == 0 {
+			why, detail = reasonUnadmitted, w
+		}
+	}
+	if why == "" {
+		return nil
+	}
+	m.refuse(auditNodeRefused, n.Name, "", why, detail)
+	return fmt.Errorf("%s: %s", why, detail)
+}
+
+// checkIdentity checks n's meta, cluster, and that its name and key do not
+// collide with this node or another live peer. It returns the refusal
+// reason and detail, or "" when fine.
+func (m *Mesh) checkIdentity(n *memberlist.Node) (string, string) {
+	meta, err := m.metaCache.parse(n.Name, n.Meta)
+	if err != nil {
+		return reasonBadMeta, err.Error()
+	}
+	if meta.cluster != m.cfg.Cluster {
+		return reasonWrongCluster, fmt.Sprintf("node %q is in cluster %q, we are in %q", n.Name, meta.cluster, m.cfg.Cluster)
+	}
+	if n.Name == m.name {
+		if !meta.key.Equal(m.pub) {
+			return reasonNameConflict, fmt.Sprintf("another node with a different key calls itself %q (this node's name)", n.Name)
+		}
+		return "", ""
+	}
+	if meta.key.Equal(m.pub) {
+		return reasonKeyConflict, fmt.Sprintf("node %q uses this node's (%q) key: a copied state dir?", n.Name, m.name)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if p := m.peers[n.Name]; p != nil && !p.meta.key.Equal(meta.key) {
+		return reasonNameConflict, fmt.Sprintf("node name %q is already used by a live node with another key (at %s)", n.Name, p.addr)
+	}
+	for _, p := range m.peers {
+		if p.name != n.Name && p.meta.key.Equal(meta.key) {
+			return reasonKeyConflict, fmt.Sprintf("node %q uses the key of live node %q: a copied state dir?", n.Name, p.name)
+		}
+	}
+	return "", ""
+}
+
+// NotifyMerge refuses a join when the other side is another cluster or
+// would bring a name or key collision. Both sides of a join run it, so both
+// see the error.
+func (d *mergeDelegate) NotifyMerge(peers []*memberlist.Node) error {
+	m := (*Mesh)(d)
+	for _, n := range peers {
+		if n.State != memberlist.StateAlive && n.State != memberlist.StateSuspect {
+			continue
+		}
+		why, detail := m.checkIdentity(n)
+		if why == "" && n.Name == m.name && n.Address() != m.selfAddr() {
+			why, detail = reasonNameConflict, fmt.Sprintf("a live node at %s already uses this node's name %q and key", n.Address(), m.name)
+		}
+		if why == "" {
+			continue
+		}
+		m.refuse(auditNodeRefused, n.Name, "", why, "join: "+detail)
+		err := fmt.Errorf("%s: %s", why, detail)
+		// A live entry with our own name and key is this node before a
+		// restart, not yet declared dead: retrying will succeed. Every other
+		// conflict needs an operator.
+		restart := why == reasonNameConflict && n.Name == m.name && m.selfKeyed(n)
+		if why != reasonBadMeta && !restart {
+			m.joinRefusal.Store(&err)
+		}
+		return err
+	}
+	return nil
+}
+
+// selfKeyed reports whether n carries our own key (a restart of this node
+// that the cluster has not yet declared dead: worth retrying).
+func (m *Mesh) selfKeyed(n *memberlist.Node) bool {
+	meta, err := m.metaCache.parse(n.Name, n.Meta)
+	return err == nil && meta.key.Equal(m.pub)
+}
+
+func (m *Mesh) selfAddr() string {
+	if p := m.selfAddrCache.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// NotifyConflict audits two live nodes claiming one name.
+func (c *conflictDelegate) NotifyConflict(existing, other *memberlist.Node) {
+	m := (*Mesh)(c)
+	m.refuse(auditNodeRefused, other.Name, "", reasonNameConflict,
+		fmt.Sprintf("node name %q is used at %s and %s", other.Name, existing.Address(), other.Address()))
+}
+
+// metaCache remembers parsed, self-signature-verified node meta so that the
+// alive messages gossip repeats are not verified again and again.
+type metaCache struct {
+	mu sync.Mutex
+	m  map[string]*nodeMeta
+}
+
+const metaCacheMax = 4096
+
+func (c *metaCache) init() { c.m = map[string]*nodeMeta{} }
+
+func (c *metaCache) parse(name string, b []byte) (*nodeMeta, error) {
+	k := name + "\x00" + string(b)
+	c.mu.Lock()
+	nm := c.m[k]
+	c.mu.Unlock()
+	if nm != nil {
+		return nm, nil
+	}
+	nm, err := parseMeta(name, b)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.m) >= metaCacheMax {
+		clear(c.m)
+	}
+	c.m[k] = nm
+	c.mu.Unlock()
+	return nm, nil
+}

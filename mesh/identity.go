@@ -1,0 +1,227 @@
+package mesh
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// NodeKeyFile is the name of the node key file inside the state dir.
+const NodeKeyFile = "node.key"
+
+// MaxNodeNameLen is the longest node name accepted.
+const MaxNodeNameLen = 64
+
+// ErrKeyFile is wrapped by every problem with an existing key file: it is
+// unreadable, corrupt, or readable by group or others. A key file is never
+// replaced silently.
+var ErrKeyFile = errors.New("bad key file")
+
+// ValidateNodeName reports whether name is usable as a node name: 1 to
+// MaxNodeNameLen bytes of [A-Za-z0-9._-], not "." or "..". The same token
+// rules as roles, so node names are safe in allowlists, logs and paths.
+func ValidateNodeName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty node name")
+	case len(name) > MaxNodeNameLen:
+		return fmt.Errorf("node name %.16q...: longer than %d bytes", name, MaxNodeNameLen)
+	case name == "." || name == "..":
+		return fmt.Errorf("node name %q: dot name", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("node name %q: character %q at %d is not one of [A-Za-z0-9._-]", name, c, i)
+		}
+	}
+	return nil
+}
+
+// EncodeKey returns the text form (standard base64) of a public key.
+func EncodeKey(pub ed25519.PublicKey) string {
+	return base64.StdEncoding.EncodeToString(pub)
+}
+
+// ParsePublicKey parses the text form of an ed25519 public key.
+func ParsePublicKey(s string) (ed25519.PublicKey, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("public key: %w", err)
+	}
+	if len(b) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("public key: %d bytes, want %d", len(b), ed25519.PublicKeySize)
+	}
+	return ed25519.PublicKey(b), nil
+}
+
+// LoadOrCreateKey returns the ed25519 private key stored at path, creating
+// it (mode 0600, written atomically) when the file does not exist. created
+// reports whether a new key was made. An existing file that is unreadable,
+// corrupt, or accessible to group or others is an error wrapping
+// ErrKeyFile; it is never regenerated.
+func LoadOrCreateKey(path string) (key ed25519.PrivateKey, created bool, err error) {
+	key, err = LoadKey(path)
+	if err == nil {
+		return key, false, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, false, err
+	}
+	_, key, err = ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, false, fmt.Errorf("generate key: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, fmt.Errorf("create key dir: %w", err)
+	}
+	if err := writeFileExclusive(path, []byte(encodePrivate(key)+"\n")); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			// Another process created it between our read and write: use theirs.
+			key, err = LoadKey(path)
+			return key, false, err
+		}
+		return nil, false, err
+	}
+	return key, true, nil
+}
+
+// LoadKey reads an ed25519 private key written by LoadOrCreateKey or
+// WriteNewKey. A missing file wraps fs.ErrNotExist; every other problem
+// wraps ErrKeyFile.
+func LoadKey(path string) (ed25519.PrivateKey, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w %s: %w", ErrKeyFile, path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrKeyFile, path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w %s: not a regular file", ErrKeyFile, path)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%w %s: mode %04o, want 0600 (no group or other access)", ErrKeyFile, path, perm)
+	}
+	buf, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrKeyFile, path, err)
+	}
+	key, err := decodePrivate(string(buf))
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrKeyFile, path, err)
+	}
+	return key, nil
+}
+
+// WriteNewKey creates a new key file at path (mode 0600, atomically) and
+// fails with an error wrapping fs.ErrExist when a file is already there.
+func WriteNewKey(path string) (ed25519.PrivateKey, error) {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate key: %w", err)
+	}
+	if err := writeFileExclusive(path, []byte(encodePrivate(key)+"\n")); err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+// encodePrivate is the text form of a private key: base64 of its 32-byte seed.
+func encodePrivate(key ed25519.PrivateKey) string {
+	return base64.StdEncoding.EncodeToString(key.Seed())
+}
+
+func decodePrivate(s string) (ed25519.PrivateKey, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("corrupt key: %w", err)
+	}
+	if len(b) != ed25519.SeedSize {
+		return nil, fmt.Errorf("corrupt key: %d bytes, want a %d-byte seed", len(b), ed25519.SeedSize)
+	}
+	return ed25519.NewKeyFromSeed(b), nil
+}
+
+// writeFileExclusive writes data to path with mode 0600 atomically: the
+// content is written and synced to a temporary file that is then linked into
+// place, so readers never see a partial file and an existing file is never
+// replaced (the error wraps fs.ErrExist).
+func writeFileExclusive(path string, data []byte) error {
+	tmp, err := writeTemp(path, data)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// writeFileAtomic writes data to path with mode 0600, replacing any existing
+// file atomically (temporary file, sync, rename).
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := writeTemp(path, data)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func writeTemp(path string, data []byte) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	name := f.Name()
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(name)
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	// CreateTemp already uses 0600; Chmod guards against a permissive umask
+	// configuration on exotic filesystems.
+	if err := f.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(name)
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return name, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

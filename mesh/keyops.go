@@ -1,0 +1,129 @@
+package mesh
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// How long a keyring change waits for our new meta (the key fingerprints
+// ListKeys counts) to start spreading.
+const keyringUpdateTimeout = 5 * time.Second
+
+// ListKeys returns the installed gossip keys, primary first, each with how
+// many live members (this node included) hold it, and the number of live
+// members. Other nodes report their keys in their node meta, so the counts
+// follow gossip. A rotation is complete when a key's Nodes equals members.
+func (m *Mesh) ListKeys() (keys []KeyStatus, members int) {
+	installed := m.keyring.GetKeys()
+	m.mu.RLock()
+	counts := make(map[[8]byte]int, len(installed))
+	for _, p := range m.peers {
+		for _, fp := range p.meta.keyFPs {
+			counts[fp]++
+		}
+	}
+	members = len(m.peers) + 1
+	m.mu.RUnlock()
+	for i, k := range installed {
+		keys = append(keys, KeyStatus{
+			Key:     base64.StdEncoding.EncodeToString(k),
+			Primary: i == 0,
+			Nodes:   counts[keyFingerprint(k)] + 1,
+		})
+	}
+	return keys, members
+}
+
+// InstallKey adds a gossip key (text form) to the keyring, for decryption
+// only until UseKey, and persists the keyring file. Installing a key that is
+// already there does nothing.
+func (m *Mesh) InstallKey(key string) error {
+	k, err := ParseGossipKey(key)
+	if err != nil {
+		return err
+	}
+	return m.changeKeyring("install", func() error {
+		if m.hasKey(k) {
+			return errUnchanged
+		}
+		if len(m.keyring.GetKeys()) >= maxGossipKeys {
+			return fmt.Errorf("keyring already holds %d keys, the most allowed; remove one first", maxGossipKeys)
+		}
+		return m.keyring.AddKey(k)
+	}, func() { _ = m.keyring.RemoveKey(k) })
+}
+
+// UseKey makes an installed key the primary (encrypting) key and persists
+// the keyring file.
+func (m *Mesh) UseKey(key string) error {
+	k, err := ParseGossipKey(key)
+	if err != nil {
+		return err
+	}
+	var old []byte
+	return m.changeKeyring("use", func() error {
+		if !m.hasKey(k) {
+			return ErrKeyNotInstalled
+		}
+		old = m.keyring.GetPrimaryKey()
+		if bytes.Equal(old, k) {
+			return errUnchanged
+		}
+		return m.keyring.UseKey(k)
+	}, func() { _ = m.keyring.UseKey(old) })
+}
+
+// RemoveKey removes a non-primary key from the keyring and persists the
+// keyring file. The primary key returns ErrPrimaryKey.
+func (m *Mesh) RemoveKey(key string) error {
+	k, err := ParseGossipKey(key)
+	if err != nil {
+		return err
+	}
+	return m.changeKeyring("remove", func() error {
+		if !m.hasKey(k) {
+			return ErrKeyNotInstalled
+		}
+		if bytes.Equal(m.keyring.GetPrimaryKey(), k) {
+			return ErrPrimaryKey
+		}
+		return m.keyring.RemoveKey(k)
+	}, func() { _ = m.keyring.AddKey(k) })
+}
+
+var errUnchanged = fmt.Errorf("unchanged")
+
+func (m *Mesh) hasKey(k []byte) bool {
+	return slices.ContainsFunc(m.keyring.GetKeys(), func(x []byte) bool { return bytes.Equal(x, k) })
+}
+
+// changeKeyring applies change, persists the keyring (undoing the change
+// when that fails) and re-announces our meta. keyringMu serializes keyring
+// changes with their file writes; nothing on a gossip path takes it.
+func (m *Mesh) changeKeyring(op string, change func() error, undo func()) error {
+	m.keyringMu.Lock()
+	defer m.keyringMu.Unlock()
+	if err := change(); err != nil {
+		if err == errUnchanged {
+			return nil
+		}
+		return fmt.Errorf("keyring %s: %w", op, err)
+	}
+	if err := saveKeyring(m.cfg.KeyringPath, m.keyring.GetKeys()); err != nil {
+		undo()
+		return fmt.Errorf("keyring %s: %w", op, err)
+	}
+	if err := m.rebuildMeta(); err != nil {
+		return fmt.Errorf("keyring %s: node meta: %w", op, err)
+	}
+	if err := m.ml.UpdateNode(keyringUpdateTimeout); err != nil {
+		m.log.Warn("keyring changed; announcing it is slow", zap.String("op", op), zap.Error(err))
+	}
+	m.log.Info("keyring changed", zap.String("op", op))
+	return nil
+}

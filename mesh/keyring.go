@@ -1,0 +1,133 @@
+package mesh
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+)
+
+// GossipKeySize is the size of a gossip key: AES-256.
+const GossipKeySize = 32
+
+// maxGossipKeys bounds the keyring (each key's fingerprint travels in node
+// meta so that ListKeys can count the nodes holding it).
+const maxGossipKeys = 8
+
+// ErrPrimaryKey is returned when removing the primary gossip key.
+var ErrPrimaryKey = errors.New("the primary gossip key cannot be removed")
+
+// ErrKeyNotInstalled is returned when using or removing an unknown key.
+var ErrKeyNotInstalled = errors.New("gossip key not installed")
+
+// KeyStatus is one gossip key as ListKeys reports it.
+type KeyStatus struct {
+	Key     string // base64
+	Primary bool   // used to encrypt; the others only decrypt
+	Nodes   int    // live members (this one included) holding the key
+}
+
+// NewGossipKey returns a fresh random gossip key in text form.
+func NewGossipKey() (string, error) {
+	k := make([]byte, GossipKeySize)
+	if _, err := rand.Read(k); err != nil {
+		return "", fmt.Errorf("generate gossip key: %w", err)
+	}
+	return base64.StdEncoding.EncodeToString(k), nil
+}
+
+// ParseGossipKey parses the text form of a gossip key.
+func ParseGossipKey(s string) ([]byte, error) {
+	k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	if len(k) != GossipKeySize {
+		return nil, fmt.Errorf("gossip key: %d bytes, want %d (AES-256)", len(k), GossipKeySize)
+	}
+	return k, nil
+}
+
+// WriteNewKeyring creates a keyring file at path holding one fresh key and
+// returns that key. An existing file is an error wrapping fs.ErrExist.
+func WriteNewKeyring(path string) (string, error) {
+	k, err := NewGossipKey()
+	if err != nil {
+		return "", err
+	}
+	data, _ := json.Marshal([]string{k})
+	if err := writeFileExclusive(path, append(data, '\n')); err != nil {
+		return "", err
+	}
+	return k, nil
+}
+
+// LoadKeyring reads a keyring file: a JSON list of base64 AES-256 keys, the
+// first being the primary. The file must not be accessible to group or
+// others. Errors wrap fs.ErrNotExist when it is missing.
+func LoadKeyring(path string) ([][]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("gossip keyring %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("gossip keyring: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("gossip keyring %s: mode %04o, want 0600 (no group or other access)", path, perm)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("gossip keyring: %w", err)
+	}
+	var texts []string
+	if err := json.Unmarshal(data, &texts); err != nil {
+		return nil, fmt.Errorf("gossip keyring %s: want a JSON list of base64 keys: %w", path, err)
+	}
+	if len(texts) == 0 {
+		return nil, fmt.Errorf("gossip keyring %s: no keys", path)
+	}
+	if len(texts) > maxGossipKeys {
+		return nil, fmt.Errorf("gossip keyring %s: %d keys, at most %d", path, len(texts), maxGossipKeys)
+	}
+	keys := make([][]byte, 0, len(texts))
+	seen := map[string]bool{}
+	for i, t := range texts {
+		k, err := ParseGossipKey(t)
+		if err != nil {
+			return nil, fmt.Errorf("gossip keyring %s: key %d: %w", path, i, err)
+		}
+		if seen[string(k)] {
+			return nil, fmt.Errorf("gossip keyring %s: key %d listed twice", path, i)
+		}
+		seen[string(k)] = true
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// saveKeyring writes keys (primary first) to path atomically, mode 0600.
+func saveKeyring(path string, keys [][]byte) error {
+	texts := make([]string, len(keys))
+	for i, k := range keys {
+		texts[i] = base64.StdEncoding.EncodeToString(k)
+	}
+	data, err := json.Marshal(texts)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, append(data, '\n'))
+}
+
+// keyFingerprint identifies a gossip key in node meta without revealing it.
+func keyFingerprint(k []byte) [8]byte {
+	h := sha256.Sum256(append([]byte("infermesh/gossip-key-fp/v1\x00"), k...))
+	var fp [8]byte
+	copy(fp[:], h[:8])
+	return fp
+}

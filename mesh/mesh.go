@@ -1,0 +1,542 @@
+// Package mesh is a node's membership in the infermesh cluster: its
+// identity (an ed25519 key), who is admitted (static trust, admission
+// certificates, revocation), memberlist gossip encrypted with a rotatable
+// keyring, and the signed infer.<role> adverts that feed the placement
+// table.
+package mesh
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// Errors callers act on.
+var (
+	// ErrJoinRefused is wrapped by Join when a member refused us for a
+	// reason retrying cannot fix (name or key conflict, other cluster).
+	ErrJoinRefused = errors.New("join refused")
+	// ErrClosed is returned by operations on a closed Mesh.
+	ErrClosed = errors.New("mesh closed")
+)
+
+// Mesh is this node's membership. It satisfies placement.Admission. All
+// methods are safe for concurrent use.
+type Mesh struct {
+	cfg  Config
+	log  *zap.Logger
+	name string
+	priv ed25519.PrivateKey
+	pub  ed25519.PublicKey
+	cert *Certificate // our admission certificate, nil when none
+	sink AdvertSink
+
+	ml      *memberlist.Memberlist
+	keyring *memberlist.Keyring
+	bcast   *memberlist.TransmitLimitedQueue
+	meta    atomic.Pointer[[]byte] // our node meta, rebuilt on keyring change
+	seq     atomic.Uint64          // last advert sequence number we used
+	members atomic.Int64           // live peers + 1, for the broadcast queue
+
+	selfAddrCache atomic.Pointer[string] // our gossip address, set once memberlist bound
+
+	// advMu orders everything that reaches the sink for an origin: advert
+	// ingest, withdrawals, leave and revocation. Lock order: advMu, then mu.
+	advMu   sync.Mutex
+	adverts map[advertKey]*advertRecord
+
+	// mu guards trust and the peer table.
+	mu      sync.RWMutex
+	trust   *trustState
+	peers   map[string]*peer
+	removed map[string]bool // peers whose adverts we dropped because they are no longer admitted
+
+	metaCache metaCache
+	refusals  refusals
+
+	// joinRefusal is set by the merge delegate when it refuses a join for a
+	// permanent reason; Join reads it.
+	joinRefusal atomic.Pointer[error]
+
+	keyringMu sync.Mutex // serializes keyring changes and their file writes
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ placement.Admission = (*Mesh)(nil)
+
+// peer is a live member that passed the alive delegate.
+type peer struct {
+	name   string
+	addr   string // gossip address
+	meta   *nodeMeta
+	certOK bool // meta.cert verified against the current authorities
+}
+
+// New loads (or creates) the node key, loads the keyring, starts memberlist
+// listening on BindAddr and starts advertising. It does not join: call Join.
+// Close releases everything.
+func New(cfg Config) (*Mesh, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	priv, created, err := LoadOrCreateKey(cfg.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("node key: %w", err)
+	}
+	m := &Mesh{
+		cfg:     cfg,
+		log:     cfg.Logger.With(zap.String("node", cfg.NodeName)),
+		name:    cfg.NodeName,
+		priv:    priv,
+		pub:     priv.Public().(ed25519.PublicKey),
+		sink:    cfg.Sink,
+		adverts: map[advertKey]*advertRecord{},
+		peers:   map[string]*peer{},
+		removed: map[string]bool{},
+	}
+	if created {
+		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", EncodeKey(m.pub)))
+	}
+	m.refusals.init()
+	m.metaCache.init()
+	if m.trust, err = newTrustState(cfg.Trust, nil); err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	if cfg.Certificate != "" {
+		c, err := ParseCertificate(cfg.Certificate)
+		if err != nil {
+			return nil, fmt.Errorf("mesh config: Certificate: %w", err)
+		}
+		if c.Name != m.name || !c.PublicKey.Equal(m.pub) {
+			return nil, fmt.Errorf("mesh config: Certificate: issued to %q with key %s, not to this node (%q, %s)",
+				c.Name, EncodeKey(c.PublicKey), m.name, EncodeKey(m.pub))
+		}
+		if !cfg.Now().Before(c.Expires) {
+			m.log.Warn("admission certificate expired", zap.Time("expires", c.Expires))
+		}
+		m.cert = c
+	}
+	keys, err := LoadKeyring(cfg.KeyringPath)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: %w (create one with `infermesh keygen --gossip --keyring FILE`)", err)
+	}
+	if m.keyring, err = memberlist.NewKeyring(keys, keys[0]); err != nil {
+		return nil, fmt.Errorf("mesh: gossip keyring: %w", err)
+	}
+	if err := m.rebuildMeta(); err != nil {
+		return nil, fmt.Errorf("mesh: node meta: %w", err)
+	}
+	// The newest sequence number must exceed any we used before a restart,
+	// without trusting anyone else's clock: start from our wall clock.
+	m.seq.Store(uint64(time.Now().UnixNano()))
+	m.members.Store(1)
+	m.bcast = &memberlist.TransmitLimitedQueue{
+		NumNodes:       func() int { return int(m.members.Load()) },
+		RetransmitMult: cfg.RetransmitMult,
+	}
+
+	mc, err := m.memberlistConfig()
+	if err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	if m.ml, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("mesh: start memberlist: %w", err)
+	}
+	self := m.ml.LocalNode().Address()
+	m.selfAddrCache.Store(&self)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.wg.Add(1)
+	go m.advertiseLoop()
+	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
+		zap.String("public_key", EncodeKey(m.pub)))
+	return m, nil
+}
+
+func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
+	c := m.cfg
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = m.name
+	host, port, _ := splitHostPort(c.BindAddr)
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertisePort = port
+	if c.AdvertiseAddr != "" {
+		host, port, _ := splitHostPort(c.AdvertiseAddr)
+		mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	}
+	mc.Label = c.Cluster
+	mc.Keyring = m.keyring
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	mc.GossipInterval = c.GossipInterval
+	mc.ProbeInterval = c.ProbeInterval
+	mc.ProbeTimeout = c.ProbeTimeout
+	mc.PushPullInterval = c.PushPullInterval
+	mc.SuspicionMult = c.SuspicionMult
+	mc.RetransmitMult = c.RetransmitMult
+	mc.TCPTimeout = c.TCPTimeout
+	mc.Delegate = (*delegate)(m)
+	mc.Events = (*events)(m)
+	mc.Alive = (*aliveDelegate)(m)
+	mc.Merge = (*mergeDelegate)(m)
+	mc.Conflict = (*conflictDelegate)(m)
+	mc.Logger = log.New(zapWriter{m.log.Named("memberlist")}, "", 0)
+	return mc, nil
+}
+
+// Name is this node's name.
+func (m *Mesh) Name() string { return m.name }
+
+// PublicKey is this node's identity key.
+func (m *Mesh) PublicKey() ed25519.PublicKey { return m.pub }
+
+// GossipAddr is the gossip address other nodes join, host:port (with the
+// port memberlist actually bound when BindAddr had port 0).
+func (m *Mesh) GossipAddr() string {
+	n := m.ml.LocalNode()
+	return n.Address()
+}
+
+// Join contacts the configured Join addresses until one accepts, retrying
+// with a doubling backoff (JoinBackoff up to JoinMaxBackoff). It returns
+// how many contacts succeeded; an empty Join list returns 0, nil at once. It
+// stops with an error when ctx ends, the Mesh closes, or a member refuses us
+// for a permanent reason (the error wraps ErrJoinRefused).
+func (m *Mesh) Join(ctx context.Context) (int, error) {
+	return m.JoinAddrs(ctx, m.cfg.Join)
+}
+
+// JoinAddrs is Join with an explicit address list.
+func (m *Mesh) JoinAddrs(ctx context.Context, addrs []string) (int, error) {
+	if len(addrs) == 0 {
+		return 0, nil
+	}
+	backoff := m.cfg.JoinBackoff
+	for attempt := 1; ; attempt++ {
+		m.joinRefusal.Store(nil)
+		n, err := m.ml.Join(addrs)
+		if n > 0 {
+			m.log.Info("joined the mesh", zap.Int("contacts", n), zap.Int("members", m.ml.NumMembers()))
+			return n, nil
+		}
+		if p := m.joinRefusal.Load(); p != nil {
+			return 0, fmt.Errorf("%w: %w", ErrJoinRefused, *p)
+		}
+		m.log.Warn("join failed; retrying", zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
+		// Jitter keeps a restarted fleet from retrying in lockstep.
+		wait := backoff + rand.N(backoff/4+1)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("join %v: %w (last error: %v)", addrs, ctx.Err(), err)
+		case <-m.ctx.Done():
+			t.Stop()
+			return 0, ErrClosed
+		case <-t.C:
+		}
+		backoff = min(backoff*2, m.cfg.JoinMaxBackoff)
+	}
+}
+
+// Leave tells the other members we are leaving (they forget our adverts at
+// once) and waits up to timeout for the message to spread. Call Close after.
+func (m *Mesh) Leave(timeout time.Duration) error {
+	if err := m.ml.Leave(timeout); err != nil {
+		return fmt.Errorf("leave: %w", err)
+	}
+	return nil
+}
+
+// Close stops advertising and shuts memberlist down without a leave message
+// (peers will declare us dead). It is idempotent.
+func (m *Mesh) Close() error {
+	m.closeOnce.Do(func() {
+		m.cancel()
+		if err := m.ml.Shutdown(); err != nil {
+			m.closeErr = fmt.Errorf("memberlist shutdown: %w", err)
+		}
+		m.wg.Wait()
+	})
+	return m.closeErr
+}
+
+// PeerInfo is one member as Members reports it.
+type PeerInfo struct {
+	Name       string
+	GossipAddr string
+	QUICAddr   string
+	PublicKey  ed25519.PublicKey
+	Scope      Scope  // 0 when not admitted
+	Admitted   bool   // admitted right now
+	Why        string // why not admitted
+	Self       bool
+}
+
+// Members lists this node and every live peer that passed admission when
+// it joined, with its admission now; sorted by name.
+func (m *Mesh) Members() []PeerInfo {
+	now := m.cfg.Now()
+	m.mu.RLock()
+	out := make([]PeerInfo, 0, len(m.peers)+1)
+	for _, p := range m.peers {
+		s, why := m.trust.admit(p.name, p.meta.key, p.meta.cert, p.certOK, now)
+		out = append(out, PeerInfo{
+			Name: p.name, GossipAddr: p.addr, QUICAddr: p.meta.quicAddr, PublicKey: p.meta.key,
+			Scope: s, Admitted: s != 0, Why: why,
+		})
+	}
+	m.mu.RUnlock()
+	out = append(out, PeerInfo{
+		Name: m.name, GossipAddr: m.GossipAddr(), QUICAddr: m.cfg.QUICAddr, PublicKey: m.pub,
+		Scope: ScopeFull, Admitted: true, Self: true,
+	})
+	slices.SortFunc(out, func(a, b PeerInfo) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// scopeOf returns node's scope now, or 0 and why it is not admitted. This
+// node is admitted with ScopeFull by definition.
+func (m *Mesh) scopeOf(node string) (Scope, string, *peer) {
+	if node == m.name {
+		return ScopeFull, "", nil
+	}
+	m.mu.RLock()
+	p, t := m.peers[node], m.trust
+	m.mu.RUnlock()
+	if p == nil {
+		return 0, "unknown_node", nil
+	}
+	s, why := t.admit(node, p.meta.key, p.meta.cert, p.certOK, m.cfg.Now())
+	return s, why, p
+}
+
+// IsAdmitted reports whether node is a live member admitted right now (any
+// scope): not revoked, vouched for by static trust or an unexpired
+// certificate. It implements placement.Admission and never blocks.
+func (m *Mesh) IsAdmitted(node string) bool {
+	s, _, _ := m.scopeOf(node)
+	return s != 0
+}
+
+// MayServe reports whether node is admitted right now with ScopeFull.
+func (m *Mesh) MayServe(node string) bool {
+	s, _, _ := m.scopeOf(node)
+	return s == ScopeFull
+}
+
+// PeerAddr returns the QUIC address an admitted peer advertised.
+func (m *Mesh) PeerAddr(node string) (string, bool) {
+	s, _, p := m.scopeOf(node)
+	if s == 0 || p == nil || p.meta.quicAddr == "" {
+		return "", false
+	}
+	return p.meta.quicAddr, true
+}
+
+// PeerKey returns the identity key of an admitted peer, to pin its QUIC
+// certificate to.
+func (m *Mesh) PeerKey(node string) (ed25519.PublicKey, bool) {
+	s, _, p := m.scopeOf(node)
+	if s == 0 || p == nil {
+		return nil, false
+	}
+	return p.meta.key, true
+}
+
+// SetTrust replaces the trust configuration (on reload). Run-time
+// revocations (Revoke) stay. Peers no longer admitted are removed from
+// placement at once.
+func (m *Mesh) SetTrust(c TrustConfig) error {
+	m.mu.Lock()
+	t, err := newTrustState(c, m.trust.runtime)
+	if err != nil {
+		m.mu.Unlock()
+		return fmt.Errorf("trust config: %w", err)
+	}
+	m.trust = t
+	for _, p := range m.peers {
+		p.certOK = t.certOK(p.meta.cert)
+	}
+	m.mu.Unlock()
+	m.enforceAdmission()
+	return nil
+}
+
+// Revoke revokes a node name or a base64 public key at once, until
+// Unrevoke: the node stops resolving, its adverts are forgotten and its
+// gossip is ignored. Run-time revocations are not persisted here; the
+// caller keeps them across restarts.
+func (m *Mesh) Revoke(nameOrKey string) error {
+	r, err := parseRevocation(nameOrKey)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	rt := make(map[revocation]bool, len(m.trust.runtime)+1)
+	for k := range m.trust.runtime {
+		rt[k] = true
+	}
+	rt[r] = true
+	m.trust = m.trust.withRuntime(rt)
+	m.mu.Unlock()
+	m.log.Info("revoked", zap.Stringer("node_or_key", r))
+	m.enforceAdmission()
+	return nil
+}
+
+// Unrevoke lifts a run-time revocation. A revocation listed in the trust
+// configuration returns ErrRevokedByConfig.
+func (m *Mesh) Unrevoke(nameOrKey string) error {
+	r, err := parseRevocation(nameOrKey)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.trust.config[r] {
+		m.mu.Unlock()
+		return fmt.Errorf("unrevoke %s: %w", r, ErrRevokedByConfig)
+	}
+	rt := make(map[revocation]bool, len(m.trust.runtime))
+	for k := range m.trust.runtime {
+		if k != r {
+			rt[k] = true
+		}
+	}
+	m.trust = m.trust.withRuntime(rt)
+	m.mu.Unlock()
+	m.log.Info("unrevoked", zap.Stringer("node_or_key", r))
+	m.enforceAdmission()
+	return nil
+}
+
+// Revoked lists the run-time revocations (names and base64 keys), sorted.
+func (m *Mesh) Revoked() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]string, 0, len(m.trust.runtime))
+	for r := range m.trust.runtime {
+		out = append(out, r.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// enforceAdmission removes from placement, and forgets the adverts of,
+// every peer that is no longer admitted (revoked, expired, trust changed).
+// A peer admitted again is heard from its next advert on.
+func (m *Mesh) enforceAdmission() {
+	now := m.cfg.Now()
+	m.advMu.Lock()
+	defer m.advMu.Unlock()
+	var drop []string
+	m.mu.Lock()
+	for name, p := range m.peers {
+		s, why := m.trust.admit(name, p.meta.key, p.meta.cert, p.certOK, now)
+		switch {
+		case s == 0 && !m.removed[name]:
+			m.removed[name] = true
+			drop = append(drop, name)
+			m.log.Info("peer no longer admitted", zap.String("peer", name), zap.String("why", why))
+		case s != 0 && m.removed[name]:
+			delete(m.removed, name)
+		}
+	}
+	m.mu.Unlock()
+	for _, name := range drop {
+		m.forgetOriginLocked(name)
+		if m.sink != nil {
+			m.sink.RemoveNode(name)
+		}
+	}
+}
+
+// Refusals returns how many times each kind of refusal happened, keyed by
+// reason (e.g. "bad_signature", "stale_sequence", "not_allowlisted").
+func (m *Mesh) Refusals() map[string]uint64 { return m.refusals.snapshot() }
+
+func (m *Mesh) rebuildMeta() error {
+	nm := &nodeMeta{cluster: m.cfg.Cluster, key: m.pub, quicAddr: m.cfg.QUICAddr, cert: m.cert}
+	for _, k := range m.keyring.GetKeys() {
+		nm.keyFPs = append(nm.keyFPs, keyFingerprint(k))
+	}
+	b, err := nm.marshal(m.name, m.priv)
+	if err != nil {
+		return err
+	}
+	if len(b) > memberlist.MetaMaxSize {
+		return fmt.Errorf("%d bytes, more than memberlist's %d", len(b), memberlist.MetaMaxSize)
+	}
+	m.meta.Store(&b)
+	return nil
+}
+
+// zapWriter turns memberlist's log lines into zap entries. memberlist warns
+// about every refused alive message; our own audit covers those, so its
+// WARN lines are logged at info.
+type zapWriter struct{ l *zap.Logger }
+
+func (w zapWriter) Write(p []byte) (int, error) {
+	s := string(p)
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	switch {
+	case len(s) > 5 && s[:5] == "[ERR]":
+		w.l.Warn(s[6:])
+	case len(s) > 6 && s[:6] == "[WARN]":
+		w.l.Info(s[7:])
+	default:
+		w.l.Debug(s)
+	}
+	return len(p), nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// AdmissionProxy lets a placement table be built before the Mesh that
+// admits for it (the Mesh needs the table as its Sink): give the table the
+// proxy, then Bind the Mesh. Until bound, nothing is admitted.
+type AdmissionProxy struct{ m atomic.Pointer[Mesh] }
+
+var _ placement.Admission = (*AdmissionProxy)(nil)
+
+// Bind makes the proxy answer for m.
+func (a *AdmissionProxy) Bind(m *Mesh) { a.m.Store(m) }
+
+// IsAdmitted forwards to the bound Mesh; false while unbound.
+func (a *AdmissionProxy) IsAdmitted(node string) bool {
+	m := a.m.Load()
+	return m != nil && m.IsAdmitted(node)
+}
+
+// MayServe forwards to the bound Mesh; false while unbound.
+func (a *AdmissionProxy) MayServe(node string) bool {
+	m := a.m.Load()
+	return m != nil && m.MayServe(node)
+}

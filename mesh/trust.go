@@ -1,0 +1,178 @@
+package mesh
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// TrustedNode is a node admitted by static configuration.
+type TrustedNode struct {
+	Name      string
+	PublicKey ed25519.PublicKey
+	// Scope is what the node may do; 0 means ScopeFull.
+	Scope Scope
+}
+
+// TrustConfig says which nodes are admitted. A node is admitted when it is
+// not revoked and either a static entry lists its (name, key) or it presents
+// an admission certificate for its (name, key), signed by one of the
+// Authorities and not expired. A static entry pins the key for its name: a
+// certificate for another key under that name is not enough.
+type TrustConfig struct {
+	// Authorities are the cluster authority public keys; several allow an
+	// authority rotation.
+	Authorities []ed25519.PublicKey
+	// Nodes are the statically trusted nodes.
+	Nodes []TrustedNode
+	// Revoked lists node names and base64 public keys that are never
+	// admitted, whatever vouches for them.
+	Revoked []string
+}
+
+// ErrRevokedByConfig is returned by Unrevoke for a revocation that comes
+// from the trust configuration: only a new configuration lifts it.
+var ErrRevokedByConfig = errors.New("revoked by the trust configuration")
+
+// revocation is a parsed Revoked entry: a node name or a public key.
+type revocation struct {
+	name string
+	key  string // raw key bytes as a string; "" for a name
+}
+
+// parseRevocation reads a node name or a base64 ed25519 public key. The two
+// cannot be confused: a 32-byte key in base64 ends in '=', which no node
+// name contains.
+func parseRevocation(s string) (revocation, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasSuffix(s, "=") {
+		k, err := ParsePublicKey(s)
+		if err != nil {
+			return revocation{}, fmt.Errorf("revocation %q: %w", s, err)
+		}
+		return revocation{key: string(k)}, nil
+	}
+	if err := ValidateNodeName(s); err != nil {
+		return revocation{}, fmt.Errorf("revocation %q: neither a node name nor a public key: %w", s, err)
+	}
+	return revocation{name: s}, nil
+}
+
+func (r revocation) String() string {
+	if r.key != "" {
+		return base64.StdEncoding.EncodeToString([]byte(r.key))
+	}
+	return r.name
+}
+
+// trustState is an immutable, validated TrustConfig plus the run-time
+// revocations. It is replaced as a whole, so readers need no lock beyond
+// loading the pointer.
+type trustState struct {
+	authorities []ed25519.PublicKey
+	static      map[string]TrustedNode
+	config      map[revocation]bool // revoked by configuration
+	runtime     map[revocation]bool // revoked at run time (Revoke)
+}
+
+func newTrustState(c TrustConfig, runtime map[revocation]bool) (*trustState, error) {
+	t := &trustState{
+		static:  make(map[string]TrustedNode, len(c.Nodes)),
+		config:  make(map[revocation]bool, len(c.Revoked)),
+		runtime: runtime,
+	}
+	if t.runtime == nil {
+		t.runtime = map[revocation]bool{}
+	}
+	for i, a := range c.Authorities {
+		if len(a) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("Trust.Authorities[%d]: %d bytes, want %d", i, len(a), ed25519.PublicKeySize)
+		}
+		t.authorities = append(t.authorities, append(ed25519.PublicKey(nil), a...))
+	}
+	for i, n := range c.Nodes {
+		if err := ValidateNodeName(n.Name); err != nil {
+			return nil, fmt.Errorf("Trust.Nodes[%d]: %w", i, err)
+		}
+		if len(n.PublicKey) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("Trust.Nodes[%d] (%s): public key: %d bytes, want %d", i, n.Name, len(n.PublicKey), ed25519.PublicKeySize)
+		}
+		if n.Scope == 0 {
+			n.Scope = ScopeFull
+		}
+		if n.Scope != ScopeFull && n.Scope != ScopeConsumer {
+			return nil, fmt.Errorf("Trust.Nodes[%d] (%s): scope %v: want full or consumer", i, n.Name, n.Scope)
+		}
+		if _, dup := t.static[n.Name]; dup {
+			return nil, fmt.Errorf("Trust.Nodes[%d]: node %q listed twice", i, n.Name)
+		}
+		n.PublicKey = append(ed25519.PublicKey(nil), n.PublicKey...)
+		t.static[n.Name] = n
+	}
+	for i, s := range c.Revoked {
+		r, err := parseRevocation(s)
+		if err != nil {
+			return nil, fmt.Errorf("Trust.Revoked[%d]: %w", i, err)
+		}
+		t.config[r] = true
+	}
+	return t, nil
+}
+
+// withRuntime returns a copy of t with the run-time revocations replaced.
+func (t *trustState) withRuntime(runtime map[revocation]bool) *trustState {
+	c := *t
+	c.runtime = runtime
+	return &c
+}
+
+func (t *trustState) revoked(name string, key ed25519.PublicKey) bool {
+	n, k := revocation{name: name}, revocation{key: string(key)}
+	return t.config[n] || t.config[k] || t.runtime[n] || t.runtime[k]
+}
+
+// Admission refusal reasons (also refusal counter keys).
+const (
+	whyRevoked       = "revoked"
+	whyNotTrusted    = "not_trusted"
+	whyKeyMismatch   = "key_mismatch"
+	whyCertSignature = "bad_certificate"
+	whyCertOther     = "certificate_for_other_node"
+	whyCertExpired   = "certificate_expired"
+)
+
+// admit decides whether (name, key) is admitted at now, given the
+// certificate it presented (nil for none) and whether that certificate's
+// signature verified against t's authorities. It returns the scope, or 0
+// and the reason.
+func (t *trustState) admit(name string, key ed25519.PublicKey, cert *Certificate, certOK bool, now time.Time) (Scope, string) {
+	if t.revoked(name, key) {
+		return 0, whyRevoked
+	}
+	if s, ok := t.static[name]; ok {
+		if !s.PublicKey.Equal(key) {
+			return 0, whyKeyMismatch
+		}
+		return s.Scope, ""
+	}
+	if cert == nil {
+		return 0, whyNotTrusted
+	}
+	switch {
+	case !certOK:
+		return 0, whyCertSignature
+	case cert.Name != name || !cert.PublicKey.Equal(key):
+		return 0, whyCertOther
+	case !now.Before(cert.Expires):
+		return 0, whyCertExpired
+	}
+	return cert.Scope, ""
+}
+
+// certOK verifies cert against t's authorities; nil is not OK.
+func (t *trustState) certOK(cert *Certificate) bool {
+	return cert != nil && VerifyCertificate(cert, t.authorities) == nil
+}
