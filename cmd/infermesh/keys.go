@@ -1,0 +1,165 @@
+package main
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infermesh/infermesh/mesh"
+)
+
+func init() {
+	register(newKeygenCmd)
+	register(newAuthorityCmd)
+}
+
+// DefaultStateDir is where keygen puts the node key by default.
+const DefaultStateDir = "/var/lib/infermesh"
+
+type keyResult struct {
+	Path      string `json:"path,omitempty"`
+	PublicKey string `json:"public_key,omitempty"`
+	GossipKey string `json:"gossip_key,omitempty"`
+	Created   bool   `json:"created"`
+}
+
+func newKeygenCmd(a *app) *cobra.Command {
+	var stateDir, keyFile, keyring string
+	var gossip bool
+	cmd := &cobra.Command{
+		Use:   "keygen",
+		Short: "Create this node's key (or print the public key of an existing one), or a gossip key",
+		Long: `keygen writes a node key (ed25519, mode 0600) to --key-file or
+<state-dir>/node.key and prints its public key. An existing key is never
+replaced: its public key is printed.
+
+With --gossip it makes an AES-256 gossip key instead: printed, or written as a
+new keyring file with --keyring FILE.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gossip {
+				return gossipKeygen(a, keyring)
+			}
+			if keyring != "" {
+				return errors.New("--keyring needs --gossip")
+			}
+			path := keyFile
+			if path == "" {
+				path = filepath.Join(stateDir, mesh.NodeKeyFile)
+			}
+			key, err := mesh.LoadKey(path)
+			created := false
+			if errors.Is(err, fs.ErrNotExist) {
+				if err = os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+					return err
+				}
+				key, err = mesh.WriteNewKey(path)
+				created = err == nil
+			}
+			if err != nil {
+				return err
+			}
+			pub := mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+			text := pub
+			if created {
+				text = fmt.Sprintf("%s\n(new key written to %s)", pub, path)
+			}
+			return a.print(keyResult{Path: path, PublicKey: pub, Created: created}, text)
+		},
+	}
+	cmd.Flags().StringVar(&stateDir, "state-dir", DefaultStateDir, "node state directory")
+	cmd.Flags().StringVar(&keyFile, "key-file", "", "node key file (default <state-dir>/node.key)")
+	cmd.Flags().BoolVar(&gossip, "gossip", false, "make a gossip (AES-256) key instead of a node key")
+	cmd.Flags().StringVar(&keyring, "keyring", "", "with --gossip: write a new keyring file holding the key")
+	return cmd
+}
+
+func gossipKeygen(a *app, keyring string) error {
+	if keyring == "" {
+		k, err := mesh.NewGossipKey()
+		if err != nil {
+			return err
+		}
+		return a.print(keyResult{GossipKey: k, Created: true}, k)
+	}
+	k, err := mesh.WriteNewKeyring(keyring)
+	if err != nil {
+		return err
+	}
+	return a.print(keyResult{Path: keyring, GossipKey: k, Created: true}, fmt.Sprintf("%s\n(new keyring written to %s)", k, keyring))
+}
+
+func newAuthorityCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "authority",
+		Short: "Manage the cluster authority key and issue admission certificates (offline)",
+	}
+	var keyFile string
+	cmd.PersistentFlags().StringVar(&keyFile, "key-file", "authority.key", "authority private key file")
+
+	initCmd := &cobra.Command{
+		Use:   "init",
+		Short: "Create the authority key pair and print its public key (for trust.authority)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := mesh.WriteNewKey(keyFile)
+			if err != nil {
+				if errors.Is(err, fs.ErrExist) {
+					return fmt.Errorf("%s exists; an authority key is never replaced", keyFile)
+				}
+				return err
+			}
+			pub := mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+			return a.print(keyResult{Path: keyFile, PublicKey: pub, Created: true},
+				fmt.Sprintf("%s\n(authority key written to %s; keep it offline)", pub, keyFile))
+		},
+	}
+
+	var name, pubText, scopeText string
+	var ttl time.Duration
+	issueCmd := &cobra.Command{
+		Use:   "issue",
+		Short: "Issue an admission certificate for a node and print it (base64)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := mesh.LoadKey(keyFile)
+			if err != nil {
+				return fmt.Errorf("authority key: %w", err)
+			}
+			pub, err := mesh.ParsePublicKey(pubText)
+			if err != nil {
+				return fmt.Errorf("--public-key: %w", err)
+			}
+			scope, err := mesh.ParseScope(scopeText)
+			if err != nil {
+				return fmt.Errorf("--scope: %w", err)
+			}
+			cert, err := mesh.IssueCertificate(key, name, pub, scope, ttl, time.Now())
+			if err != nil {
+				return err
+			}
+			return a.print(struct {
+				Certificate string    `json:"certificate"`
+				Name        string    `json:"name"`
+				PublicKey   string    `json:"public_key"`
+				Scope       string    `json:"scope"`
+				Expires     time.Time `json:"expires"`
+			}{cert.String(), cert.Name, mesh.EncodeKey(cert.PublicKey), cert.Scope.String(), cert.Expires.UTC()}, cert.String())
+		},
+	}
+	issueCmd.Flags().StringVar(&name, "name", "", "node name (required)")
+	issueCmd.Flags().StringVar(&pubText, "public-key", "", "node public key, base64 (required; see `infermesh keygen`)")
+	issueCmd.Flags().StringVar(&scopeText, "scope", "full", "full (serve and consume) or consumer")
+	issueCmd.Flags().DurationVar(&ttl, "ttl", 720*time.Hour, "validity")
+	_ = issueCmd.MarkFlagRequired("name")
+	_ = issueCmd.MarkFlagRequired("public-key")
+
+	cmd.AddCommand(initCmd, issueCmd)
+	return cmd
+}

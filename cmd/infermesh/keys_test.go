@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/infermesh/infermesh/mesh"
+)
+
+func runCLI(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestKeygen(t *testing.T) {
+	dir := t.TempDir()
+	out, errOut, code := runCLI(t, "keygen", "--state-dir", dir, "--json")
+	if code != 0 {
+		t.Fatalf("keygen exit %d: %s", code, errOut)
+	}
+	var first keyResult
+	if err := json.Unmarshal([]byte(out), &first); err != nil {
+		t.Fatal(err)
+	}
+	if !first.Created || first.Path != filepath.Join(dir, mesh.NodeKeyFile) {
+		t.Errorf("first keygen = %+v, want created at %s/node.key", first, dir)
+	}
+	st, err := os.Stat(first.Path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, mode %v; want 0600", err, st.Mode().Perm())
+	}
+	// Again: the same key, not replaced.
+	out, _, code = runCLI(t, "keygen", "--state-dir", dir)
+	if code != 0 || strings.TrimSpace(out) != first.PublicKey {
+		t.Errorf("second keygen = %q (exit %d), want the existing public key %s", out, code, first.PublicKey)
+	}
+	// A wrong-mode key is an error, not a new key.
+	if err := os.Chmod(first.Path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := runCLI(t, "keygen", "--state-dir", dir); code == 0 || !strings.Contains(errOut, "mode") {
+		t.Errorf("keygen on a 0644 key: exit %d, %q; want an error about the mode", code, errOut)
+	}
+}
+
+func TestGossipKeygen(t *testing.T) {
+	out, _, code := runCLI(t, "keygen", "--gossip")
+	if _, err := mesh.ParseGossipKey(out); code != 0 || err != nil {
+		t.Fatalf("keygen --gossip = %q (exit %d): %v", out, code, err)
+	}
+	kr := filepath.Join(t.TempDir(), "keyring.json")
+	if _, errOut, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code != 0 {
+		t.Fatalf("keygen --gossip --keyring exit %d: %s", code, errOut)
+	}
+	if keys, err := mesh.LoadKeyring(kr); err != nil || len(keys) != 1 {
+		t.Fatalf("LoadKeyring = %d keys, %v; want 1", len(keys), err)
+	}
+	if _, _, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code == 0 {
+		t.Error("keygen --gossip over an existing keyring succeeded")
+	}
+}
+
+func TestAuthorityInitAndIssue(t *testing.T) {
+	dir := t.TempDir()
+	ak := filepath.Join(dir, "authority.key")
+	out, errOut, code := runCLI(t, "authority", "init", "--key-file", ak, "--json")
+	if code != 0 {
+		t.Fatalf("authority init exit %d: %s", code, errOut)
+	}
+	var init keyResult
+	if err := json.Unmarshal([]byte(out), &init); err != nil {
+		t.Fatal(err)
+	}
+	apub, err := mesh.ParsePublicKey(init.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code := runCLI(t, "authority", "init", "--key-file", ak); code == 0 {
+		t.Error("authority init over an existing key succeeded")
+	}
+
+	nodeOut, _, _ := runCLI(t, "keygen", "--state-dir", filepath.Join(dir, "n"))
+	nodePub := strings.Fields(nodeOut)[0]
+	out, errOut, code = runCLI(t, "authority", "issue", "--key-file", ak, "--name", "node-1",
+		"--public-key", nodePub, "--scope", "consumer", "--ttl", "720h")
+	if code != 0 {
+		t.Fatalf("authority issue exit %d: %s", code, errOut)
+	}
+	cert, err := mesh.ParseCertificate(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mesh.VerifyCertificate(cert, []ed25519.PublicKey{apub}); err != nil {
+		t.Errorf("issued certificate does not verify: %v", err)
+	}
+	if cert.Name != "node-1" || mesh.EncodeKey(cert.PublicKey) != nodePub || cert.Scope != mesh.ScopeConsumer {
+		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, mesh.EncodeKey(cert.PublicKey), cert.Scope, nodePub)
+	}
+
+	bad := [][]string{
+		{"--name", "node-1", "--public-key", "xx"},
+		{"--name", "bad name", "--public-key", nodePub},
+		{"--name", "node-1", "--public-key", nodePub, "--scope", "admin"},
+		{"--name", "node-1", "--public-key", nodePub, "--ttl", "-1h"},
+		{"--public-key", nodePub},
+	}
+	for _, args := range bad {
+		if _, _, code := runCLI(t, append([]string{"authority", "issue", "--key-file", ak}, args...)...); code == 0 {
+			t.Errorf("authority issue %v succeeded, want an error", args)
+		}
+	}
+}
+
+func TestSocketDefault(t *testing.T) {
+	t.Setenv("INFERMESH_SOCKET", "/tmp/x.sock")
+	a := &app{out: &bytes.Buffer{}, errOut: &bytes.Buffer{}}
+	root := newRoot(a)
+	if err := root.ParseFlags(nil); err != nil {
+		t.Fatal(err)
+	}
+	if a.socket != "/tmp/x.sock" {
+		t.Errorf("socket = %q, want INFERMESH_SOCKET's /tmp/x.sock", a.socket)
+	}
+}
