@@ -1,0 +1,67 @@
+package meshbench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/infermesh/infermesh/mesh"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fast is a loopback-tuned profile (memberlist's DefaultLocalConfig-like).
+func fast(c *mesh.Config) {
+	c.GossipInterval = 100 * time.Millisecond
+	c.ProbeInterval = 200 * time.Millisecond
+	c.ProbeTimeout = 100 * time.Millisecond
+	c.SuspicionMult = 3
+	c.RetransmitMult = 2
+	c.TCPTimeout = time.Second
+	c.PushPullInterval = 15 * time.Second
+}
+
+func TestMeasureSmall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := Measure(ctx, 3, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Advert <= 0 || r.Death <= 0 {
+		t.Errorf("Measure = %v, want positive durations", r)
+	}
+	t.Log(r)
+}
+
+// BenchmarkAdvertConvergence reports, per node count, the time for an
+// advert to reach every node and for a dead node's role to stop resolving
+// everywhere, with the LAN defaults and with the loopback profile.
+func BenchmarkAdvertConvergence(b *testing.B) {
+	for _, profile := range []struct {
+		name string
+		tune func(*mesh.Config)
+	}{{"lan", nil}, {"local", fast}} {
+		for _, n := range []int{10, 50, 100} {
+			b.Run(fmt.Sprintf("%s/N=%d", profile.name, n), func(b *testing.B) {
+				var advert, death time.Duration
+				for b.Loop() {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					r, err := Measure(ctx, n, profile.tune)
+					cancel()
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Log(r)
+					advert += r.Advert
+					death += r.Death
+				}
+				b.ReportMetric(float64(advert.Milliseconds())/float64(b.N), "advert-ms")
+				b.ReportMetric(float64(death.Milliseconds())/float64(b.N), "death-ms")
+			})
+		}
+	}
+}
