@@ -11,8 +11,8 @@ var errNotObject = errors.New("body is not a JSON object")
 // modelSpan locates the string value of the top-level "model" key of the JSON
 // object in b without decoding the rest of the document. start and end delimit
 // the value including its quotes. found is false when the object has no
-// top-level "model" key; an error is returned when b is not an object or the
-// model value is not a string.
+// top-level "model" key; an error is returned when b is not an object, the
+// model value is not a string, or the key appears twice.
 //
 // It assumes b is valid JSON (callers check with json.Valid first or accept a
 // best-effort scan of an upstream's output); on malformed input it reports an
@@ -29,7 +29,7 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			return 0, 0, false, errNotObject
 		}
 		if b[i] == '}' {
-			return 0, 0, false, nil
+			return start, end, found, nil
 		}
 		if b[i] == ',' {
 			i++
@@ -53,6 +53,11 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			return 0, 0, false, errNotObject
 		}
 		if string(key) == "model" {
+			if found {
+				// Parsers disagree on which duplicate wins; pinning must
+				// not be bypassable, so duplicates are refused.
+				return 0, 0, false, errors.New(`duplicate "model" key`)
+			}
 			if b[i] != '"' {
 				return 0, 0, false, errors.New(`"model" is not a string`)
 			}
@@ -60,7 +65,9 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			if !ok {
 				return 0, 0, false, errNotObject
 			}
-			return i, ve, true, nil
+			start, end, found = i, ve, true
+			i = ve
+			continue
 		}
 		ve, ok := skipValue(b, i)
 		if !ok {
