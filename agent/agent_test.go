@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/infermesh/infermesh/demomodel"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// runAgent starts a with cfg and stops it at cleanup.
+func runAgent(t *testing.T, cfg *Config, opts Options) *Agent {
+	t.Helper()
+	a, err := New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	waitFor(t, "role listeners", func() bool {
+		for name := range cfg.Roles {
+			if _, ok := a.RoleAddr(name); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	return a
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestDevModeStreamsChat(t *testing.T) {
+	cfg, err := DevConfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Roles["chat"]
+	r.Port = 0 // the real dev port may be taken on a developer's machine
+	cfg.Roles["chat"] = r
+	var mu sync.Mutex
+	var notes []string
+	a := runAgent(t, cfg, Options{Dev: true, Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
+	addr, _ := a.RoleAddr("chat")
+	waitFor(t, "the demo instance to register", func() bool { return len(a.Table().Resolve("chat")) == 1 })
+	resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `"model":"chat"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+		t.Errorf("dev stream = %q, want chunks for model chat ending with [DONE]", raw)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notes) == 0 || notes[0] != "READY=1" {
+		t.Errorf("notify = %v, want READY=1 first", notes)
+	}
+}
+
+// TestHealthFlapping: a static upstream is served only while it answers.
+func TestHealthFlapping(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upAddr := ln.Addr().String()
+	d, _ := demomodel.New(demomodel.DefaultConfig())
+	serve := func(ln net.Listener) (stop func()) {
+		srv := &http.Server{Handler: d}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(ln) }()
+		return func() { _ = srv.Close(); <-done }
+	}
+	stop := serve(ln)
+
+	cfg, err := ParseConfig([]byte(`
+node: {name: a}
+proxy: {health_interval: 20ms}
+roles:
+  chat: {port: 1, upstream: "http://` + upAddr + `", model: demo}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Node.StateDir = t.TempDir()
+	r := cfg.Roles["chat"]
+	r.Port = 0
+	cfg.Roles["chat"] = r
+	a := runAgent(t, cfg, Options{})
+	addr, _ := a.RoleAddr("chat")
+	status := func() int {
+		resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	served := func() bool { return len(a.Table().Resolve("chat")) == 1 }
+
+	waitFor(t, "registration", served)
+	if got := status(); got != 200 {
+		t.Fatalf("status while up = %d, want 200", got)
+	}
+	stop()
+	waitFor(t, "deregistration", func() bool { return !served() })
+	if got := status(); got != 503 {
+		t.Errorf("status while down = %d, want 503", got)
+	}
+	ln2, err := net.Listen("tcp", upAddr)
+	if err != nil {
+		t.Fatalf("re-listening on %s: %v", upAddr, err)
+	}
+	stop = serve(ln2)
+	defer stop()
+	waitFor(t, "registration again", served)
+	if got := status(); got != 200 {
+		t.Errorf("status after return = %d, want 200", got)
+	}
+}

@@ -1,0 +1,147 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const fullConfig = `
+node: { name: a, state_dir: /tmp/im-a }
+site: lab
+log: { level: debug, format: console }
+mesh:
+  bind: 127.0.0.1:7946
+  quic: 127.0.0.1:7947
+  join: [127.0.0.2:7946]
+trust:
+  nodes: [{name: b, public_key: AAAA}]
+admin: { socket: /tmp/im-a/admin.sock, group: infermesh-admin }
+roles:
+  chat:
+    port: 18080
+    upstream: http://127.0.0.1:8081/
+    model: llama-3-8b
+    expose: true
+    serve_to: [b]
+    accept_from: [b, c]
+  embed:
+    port: 18081
+    instance:
+      image: llama-server:local
+      args: ["--port", "8080"]
+      port: 8080
+      mounts: [{host: /models/e5.gguf, container: /models/e5.gguf, readonly: true}]
+      restart: { max: 3, backoff: 1s }
+`
+
+func TestParseConfigFull(t *testing.T) {
+	cfg, err := ParseConfig([]byte(fullConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Node.Name, "a"; got != want {
+		t.Errorf("node.name = %q, want %q", got, want)
+	}
+	if got, want := cfg.Mesh.Cluster, DefaultCluster; got != want {
+		t.Errorf("mesh.cluster = %q, want default %q", got, want)
+	}
+	if got, want := cfg.Trust.Nodes[0].Scope, "full"; got != want {
+		t.Errorf("trust.nodes[0].scope = %q, want %q", got, want)
+	}
+	in := cfg.Roles["embed"].Instance
+	if in.Runtime != "docker" || in.Health != "/health" || in.Restart.Max != 3 || in.Restart.Backoff != time.Second || in.Restart.Window != 10*time.Minute {
+		t.Errorf("instance defaults = %+v", in)
+	}
+	if !in.Mounts[0].ReadOnly {
+		t.Error("readonly mount lost")
+	}
+	if cfg.Proxy.ShutdownTimeout != defaultShutdown || cfg.Proxy.HealthInterval != defaultHealthPeriod {
+		t.Errorf("proxy defaults = %+v", cfg.Proxy)
+	}
+}
+
+func TestParseConfigEmptyIsValid(t *testing.T) {
+	cfg, err := ParseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Node.StateDir != DefaultStateDir || cfg.Admin.Socket != DefaultAdminSocket || cfg.Site != DefaultSite {
+		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"unknown top key", "node: {name: a}\nbogus: 1\n", `line 2: unknown key "bogus"`},
+		{"unknown nested key", "node: {name: a}\nroles:\n  chat:\n    port: 1\n    upstreem: x\n", `line 5: unknown key "upstreem"`},
+		{"bad role name", "node: {name: a}\nroles:\n  'a/b': {port: 1}\n", "roles.a/b"},
+		{"port range", "node: {name: a}\nroles:\n  chat: {port: 70000}\n", "roles.chat.port"},
+		{"duplicate port", "node: {name: a}\nroles:\n  a: {port: 5}\n  b: {port: 5}\n", `roles.b.port: 5 is already used by role "a"`},
+		{"non-loopback upstream", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://10.0.0.1:80'}\n", "roles.chat.upstream"},
+		{"upstream with path", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:80/v1'}\n", "roles.chat.upstream"},
+		{"https upstream", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'https://127.0.0.1:80'}\n", "roles.chat.upstream"},
+		{"both upstream and instance", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:80', instance: {image: x, port: 1}}\n", "roles.chat: set either"},
+		{"instance without image", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {port: 1}}\n", "roles.chat.instance.image"},
+		{"relative mount", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x, port: 1, mounts: [{host: m, container: /m}]}}\n", "roles.chat.instance.mounts[0].host"},
+		{"serve_to without expose", "node: {name: a}\nroles:\n  chat: {port: 1, serve_to: [b]}\n", "roles.chat.serve_to"},
+		{"bad peer name", "node: {name: a}\nroles:\n  chat: {port: 1, accept_from: ['x y']}\n", "roles.chat.accept_from[0]"},
+		{"bad log level", "node: {name: a}\nlog: {level: loud}\n", "log.level"},
+		{"bad duration", "node: {name: a}\nproxy: {connect_timeout: soon}\n", "line 2"},
+		{"mesh without quic", "node: {name: a}\nmesh: {bind: '127.0.0.1:7946'}\n", "mesh.quic"},
+		{"join without bind", "node: {name: a}\nmesh: {join: ['127.0.0.1:1']}\n", "mesh.bind"},
+		{"bad join", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '127.0.0.1:2', join: [nope]}\n", "mesh.join[0]"},
+		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},
+		{"bad scope", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: k, scope: admin}]}\n", "trust.nodes[0].scope"},
+		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "admin.metrics"},
+		{"bad node name", "node: {name: '-x'}\n", "node.name"},
+		{"not yaml", "node: [\n", "yaml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ParseConfig error = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestFieldErrorIsTyped(t *testing.T) {
+	_, err := ParseConfig([]byte("node: {name: a}\nroles:\n  chat: {port: 0}\n"))
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "roles.chat.port" {
+		t.Errorf("err = %v, want *FieldError for roles.chat.port", err)
+	}
+}
+
+func TestLoadConfigNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "im.yaml")
+	if err := os.WriteFile(p, []byte("nope: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(p)
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), `unknown key "nope"`) {
+		t.Errorf("LoadConfig error = %v, want the path and the key", err)
+	}
+	if _, err := LoadConfig(p + ".missing"); err == nil {
+		t.Error("missing file loaded")
+	}
+}
+
+func TestExampleConfigsParse(t *testing.T) {
+	files, _ := filepath.Glob("../configs/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no example configs found in configs/")
+	}
+	for _, f := range files {
+		if _, err := LoadConfig(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
