@@ -360,7 +360,7 @@ func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sin
 		if info.Config.Labels[LabelSpecHash] == spec.Hash() && info.State != nil && info.State.Running {
 			h := p.register(ref, spec, sink, info.ID)
 			p.emit(sink, spec, ref, ObsProvider, "adopted running container "+shortID(info.ID))
-			p.watch(ctx, ref, info)
+			p.watch(ref, info, logsSince(info.State))
 			return h, nil
 		}
 		p.emit(sink, spec, ref, ObsProvider, "replacing stale container "+shortID(info.ID))
@@ -415,8 +415,23 @@ func (p *DockerProvider) StartBootstrap(ctx context.Context, h NodeHandle) error
 	if !ok {
 		return fmt.Errorf("start %s: %w", h.Ref, ErrUnknownHandle)
 	}
+	// Where this run's logs begin is only knowable before it starts.
+	pre, err := p.inspect(ctx, n.id)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			p.forget(h.Ref)
+			return fmt.Errorf("start %s: %w: %w", h.Ref, ErrNotFound, err)
+		}
+		return err
+	}
+	// Stopped: FinishedAt ends the previous run. Running already: the
+	// same holds for the current run.
+	since := ""
+	if pre.State != nil {
+		since = logsSince(pre.State)
+	}
 	cctx, cancel := p.callCtx(ctx)
-	err := p.api.ContainerStart(cctx, n.id, container.StartOptions{})
+	err = p.api.ContainerStart(cctx, n.id, container.StartOptions{})
 	cancel()
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
@@ -429,7 +444,7 @@ func (p *DockerProvider) StartBootstrap(ctx context.Context, h NodeHandle) error
 	if err != nil {
 		return err
 	}
-	p.watch(ctx, h.Ref, info)
+	p.watch(h.Ref, info, since)
 	return nil
 }
 
@@ -482,7 +497,7 @@ func (p *DockerProvider) AdoptBySpec(ctx context.Context, spec NodeSpec, sink Si
 	h := p.register(ref, spec, sink, info.ID)
 	h.ProcessID = uint32(max(info.State.Pid, 0))
 	p.emit(sink, spec, ref, ObsProvider, "adopted running container "+shortID(info.ID))
-	p.watch(ctx, ref, info)
+	p.watch(ref, info, logsSince(info.State))
 	return AdoptedNode{Handle: h, Ref: ref, Running: true}, true, nil
 }
 
@@ -501,7 +516,7 @@ func (p *DockerProvider) PrepareMissingBootstrap(ctx context.Context, spec NodeS
 	h := p.register(ref, spec, sink, info.ID)
 	running := info.State != nil && info.State.Running
 	if running {
-		p.watch(ctx, ref, info)
+		p.watch(ref, info, logsSince(info.State))
 	}
 	return AdoptedNode{Handle: h, Ref: ref, Running: running}, true, nil
 }

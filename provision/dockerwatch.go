@@ -21,7 +21,8 @@ const logsDrainGrace = 2 * time.Second
 // and watching for its exit, unless that run is already watched. The
 // goroutines are owned by the provider: they end when the run ends, when
 // the node is forgotten, or on Close.
-func (p *DockerProvider) watch(_ context.Context, ref string, info container.InspectResponse) {
+// since is where the run's log lines begin (see logsSince).
+func (p *DockerProvider) watch(ref string, info container.InspectResponse, since string) {
 	if info.State == nil {
 		return
 	}
@@ -45,7 +46,7 @@ func (p *DockerProvider) watch(_ context.Context, ref string, info container.Ins
 	go func() {
 		defer p.wg.Done()
 		defer close(logsDone)
-		p.streamLogs(wctx, ref, id, logsSince(info.State), spec, sink)
+		p.streamLogs(wctx, ref, id, since, spec, sink)
 	}()
 	go func() {
 		defer p.wg.Done()
@@ -54,9 +55,11 @@ func (p *DockerProvider) watch(_ context.Context, ref string, info container.Ins
 	}()
 }
 
-// logsSince is where the current run's log lines begin: after the previous
-// run finished. StartedAt would be wrong: the engine records it after the
-// process is already running (and writing).
+// logsSince is where a run's log lines begin: after the previous run
+// finished. st must be inspected while that run is current or before it
+// started (a finished run's FinishedAt is its own end). StartedAt would be
+// wrong: the engine records it after the process is already running (and
+// writing).
 func logsSince(st *container.State) string {
 	fin, err := time.Parse(time.RFC3339Nano, st.FinishedAt)
 	if err != nil || fin.Year() < 2000 {

@@ -18,7 +18,9 @@ import (
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
 )
 
@@ -239,3 +241,8 @@ func (r *recorder) waitFor(t *testing.T, timeout time.Duration, pred func(Observ
 		}
 	}
 }
+
+type (
+	networkConfig = network.NetworkingConfig
+	platform      = ocispec.Platform
+)

@@ -1,0 +1,510 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// maxRestartBackoff caps the doubling restart backoff.
+const maxRestartBackoff = time.Minute
+
+// instance is one role's supervisor (or, with removing set, its removal).
+// Its goroutine is started by the Manager's Run loop and owned by it.
+type instance struct {
+	m        *Manager
+	role     string
+	spec     InstanceSpec
+	node     NodeSpec // zero for a removal
+	ref      string
+	removing bool
+	logs     *LogRing
+	exitC    chan int // exit observations (status), coalesced
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu           sync.Mutex
+	st           InstanceStatus
+	restarts     int
+	restartTimes []time.Time // within the policy window
+}
+
+var _ Sink = (*instance)(nil)
+
+func (m *Manager) newInstance(role string, spec InstanceSpec, attempt uint64) *instance {
+	in := &instance{
+		m: m, role: role, spec: spec,
+		logs:  NewLogRing(m.cfg.LogLines),
+		exitC: make(chan int, 1),
+		done:  make(chan struct{}),
+	}
+	in.st = InstanceStatus{Role: role, State: StatePending, Since: time.Now()}
+	if attempt > 0 {
+		in.node = spec.nodeSpec(role, attempt)
+		in.ref = m.cfg.Provider.ProviderRef(in.node)
+		in.st.Ref, in.st.Image, in.st.Attempt, in.st.SpecHash = in.ref, spec.Image, attempt, in.node.Hash()
+	}
+	return in
+}
+
+func (in *instance) start(ctx context.Context, wg *sync.WaitGroup, fn func(*instance, context.Context)) {
+	ctx, in.cancel = context.WithCancel(ctx)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer in.m.poke() // let Run notice a finished removal
+		defer close(in.done)
+		fn(in, ctx)
+	}()
+}
+
+// stop ends the goroutine and waits for it; the container is left as is.
+func (in *instance) stop() {
+	in.cancel()
+	<-in.done
+}
+
+func (in *instance) finished() bool {
+	select {
+	case <-in.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (in *instance) restartsTotal() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.restarts
+}
+
+func (in *instance) status() InstanceStatus {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st := in.st
+	st.Restarts = in.restarts
+	return st
+}
+
+func (in *instance) setState(s InstanceState, lastErr string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.st.State != s {
+		in.st.State, in.st.Since = s, time.Now()
+	}
+	if lastErr != "" {
+		in.st.LastError = lastErr
+	}
+}
+
+func (in *instance) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, in.m.cfg.OpTimeout)
+}
+
+func (in *instance) emit(kind EventKind, msg string) {
+	e := Event{
+		Kind: kind, RunID: in.node.RunID, NodeID: in.node.NodeID,
+		Role: in.role, Ref: in.ref, Provider: in.spec.Runtime, Message: msg, Time: time.Now(),
+	}
+	in.mu.Lock()
+	in.st.LastEvent = e
+	in.mu.Unlock()
+	in.logs.Add(LogLine{Time: e.Time, Stream: "event", Line: kind.String() + ": " + msg})
+	lvl := zap.InfoLevel
+	if kind == EventProvisionFailed {
+		lvl = zap.WarnLevel
+	}
+	in.m.log.Log(lvl, "instance "+kind.String(), zap.String("role", in.role), zap.String("ref", in.ref), zap.String("message", msg))
+	in.m.cfg.Events(e)
+}
+
+// Observe records the instance's output and signals its exits.
+func (in *instance) Observe(o Observation) {
+	switch o.Kind {
+	case ObsExited:
+		status := -1
+		if o.Status != nil {
+			status = *o.Status
+		}
+		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: fmt.Sprintf("exited with status %d", status)})
+		select {
+		case in.exitC <- status:
+		default: // an exit is already pending; serve re-checks the state anyway
+		}
+	case ObsFailed:
+		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: o.Reason})
+	case ObsTelemetry:
+		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: o.Channel + ": " + o.Payload})
+	default:
+		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: o.Line})
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// supervise runs the role's instance until ctx is done: stop older attempts
+// first, adopt or create and start the container, probe and register it,
+// and restart it within the policy.
+func (in *instance) supervise(ctx context.Context) {
+	reg := in.m.cfg.Registrar
+	defer reg.DeregisterLocal(in.role)
+	if !in.stopRole(ctx, in.ref) {
+		return
+	}
+	for {
+		h, ok := in.ensureRunning(ctx)
+		if !ok {
+			return
+		}
+		reason := in.serve(ctx, h)
+		if ctx.Err() != nil {
+			return
+		}
+		reg.DeregisterLocal(in.role)
+		wait, ok := in.admitRestart()
+		if !ok {
+			in.giveUp(ctx, h, reason)
+			<-ctx.Done()
+			return
+		}
+		in.setState(StateRestarting, reason)
+		in.m.log.Info("restarting instance", zap.String("role", in.role), zap.String("reason", reason), zap.Duration("backoff", wait))
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+		// Stop what is left of the failed run (a process that stopped
+		// answering) so ensureRunning starts it afresh.
+		octx, cancel := in.opCtx(ctx)
+		if err := in.m.cfg.Provider.CancelBootstrap(octx, h); err != nil {
+			in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// admitRestart applies the restart policy: the backoff before the restart,
+// or false when Max restarts already happened within Window.
+func (in *instance) admitRestart() (time.Duration, bool) {
+	pol := in.spec.Restart
+	now := time.Now()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	kept := in.restartTimes[:0]
+	for _, t := range in.restartTimes {
+		if now.Sub(t) < pol.Window {
+			kept = append(kept, t)
+		}
+	}
+	in.restartTimes = kept
+	if len(kept) >= pol.Max {
+		return 0, false
+	}
+	wait := pol.Backoff
+	for i := 0; i < len(kept) && wait < maxRestartBackoff; i++ {
+		wait *= 2
+	}
+	if wait > maxRestartBackoff && pol.Backoff <= maxRestartBackoff {
+		wait = maxRestartBackoff
+	}
+	in.restartTimes = append(in.restartTimes, now)
+	in.restarts++
+	return wait, true
+}
+
+func (in *instance) giveUp(ctx context.Context, h NodeHandle, reason string) {
+	pol := in.spec.Restart
+	msg := fmt.Sprintf("gave up after %d restarts within %v: %s", pol.Max, pol.Window, reason)
+	in.setState(StateFailed, msg)
+	in.emit(EventProvisionFailed, msg)
+	// Free what the process holds (GPU memory); keep the container and
+	// its logs for the operator.
+	octx, cancel := in.opCtx(ctx)
+	defer cancel()
+	if err := in.m.cfg.Provider.CancelBootstrap(octx, h); err != nil {
+		in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
+	}
+}
+
+// ensureRunning adopts the running container, or starts the existing one,
+// or creates and starts it — retrying runtime errors (daemon unreachable)
+// with backoff until ctx is done.
+func (in *instance) ensureRunning(ctx context.Context) (NodeHandle, bool) {
+	backoff := in.m.cfg.RetryBackoff
+	reported := false
+	for {
+		h, adopted, err := in.tryEnsure(ctx)
+		if err == nil {
+			in.mu.Lock()
+			in.st.ContainerID = h.ResourceID
+			in.mu.Unlock()
+			if adopted {
+				in.emit(EventProvisionStart, "adopted running container "+shortID(h.ResourceID))
+			} else {
+				in.emit(EventProvisionStart, "started container "+shortID(h.ResourceID))
+			}
+			return h, true
+		}
+		if ctx.Err() != nil {
+			return NodeHandle{}, false
+		}
+		in.setState(StateError, err.Error())
+		if !reported {
+			in.emit(EventProvisionFailed, err.Error())
+			reported = true
+		}
+		in.m.log.Warn("provisioning instance", zap.String("role", in.role), zap.Error(err), zap.Duration("retry_in", backoff))
+		if !sleepCtx(ctx, backoff) {
+			return NodeHandle{}, false
+		}
+		backoff = min(backoff*2, in.m.cfg.MaxRetryBackoff)
+	}
+}
+
+func (in *instance) tryEnsure(ctx context.Context) (NodeHandle, bool, error) {
+	p := in.m.cfg.Provider
+	// Durable intent first: a crash from here on leaves an intent to adopt
+	// or clean up, never an untracked container.
+	if err := in.m.cfg.Intents.PutIntent(in.ref, in.node); err != nil {
+		return NodeHandle{}, false, err
+	}
+	in.drainExits()
+	octx, cancel := in.opCtx(ctx)
+	defer cancel()
+	a, ok, err := p.AdoptBySpec(octx, in.node, in)
+	if err != nil {
+		return NodeHandle{}, false, fmt.Errorf("adopt: %w", err)
+	}
+	if ok {
+		return a.Handle, true, nil
+	}
+	var h NodeHandle
+	if a, ok, err = p.PrepareMissingBootstrap(octx, in.node, in); err != nil {
+		return NodeHandle{}, false, fmt.Errorf("prepare: %w", err)
+	} else if ok {
+		h = a.Handle
+	} else if h, err = p.CreateNode(octx, in.node, in); err != nil {
+		return NodeHandle{}, false, err
+	}
+	in.setState(StateStarting, "")
+	if err := p.StartBootstrap(octx, h); err != nil {
+		return NodeHandle{}, false, err
+	}
+	return h, false, nil
+}
+
+func (in *instance) drainExits() {
+	for {
+		select {
+		case <-in.exitC:
+		default:
+			return
+		}
+	}
+}
+
+// serve probes the running instance, registers it when it answers,
+// deregisters it when it stops answering, and returns why it must be
+// restarted: it exited, or it did not answer within ReadyTimeout. It
+// returns "" when ctx is done.
+func (in *instance) serve(ctx context.Context, h NodeHandle) string {
+	cfg := in.m.cfg
+	reg := cfg.Registrar
+	in.setState(StateStarting, "")
+	ticker := time.NewTicker(cfg.ProbeInterval)
+	defer ticker.Stop()
+
+	var (
+		endpoint   string
+		registered bool
+		fails      int
+		silentFrom = time.Now() // since when it has not answered
+	)
+	for {
+		if endpoint == "" {
+			st, err := in.providerStatus(ctx)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				in.emit(EventNodeStopped, "container disappeared")
+				return "container disappeared"
+			case err != nil:
+				in.m.log.Warn("instance status", zap.String("role", in.role), zap.Error(err))
+			case !st.Running:
+				msg := fmt.Sprintf("exited with status %d", st.ExitCode)
+				in.emit(EventNodeStopped, msg)
+				return msg
+			default:
+				endpoint = st.Endpoints[in.spec.Port]
+				if endpoint == "" {
+					return fmt.Sprintf("container port %d is not published on loopback", in.spec.Port)
+				}
+				in.mu.Lock()
+				in.st.Endpoint = endpoint
+				in.mu.Unlock()
+			}
+		}
+		if endpoint != "" {
+			if in.probeOnce(ctx, endpoint) {
+				fails, silentFrom = 0, time.Time{}
+				if !registered {
+					err := reg.RegisterLocal(in.role, placement.Local{
+						Base: "http://" + endpoint, Model: in.spec.Model, API: "openai", Runtime: in.spec.Runtime,
+					})
+					if err != nil {
+						in.setState(StateError, "register in placement: "+err.Error())
+					} else {
+						registered = true
+						in.setState(StateReady, "")
+						in.emit(EventNodeLive, "ready at http://"+endpoint)
+						octx, cancel := in.opCtx(ctx)
+						_ = cfg.Provider.CompleteBootstrap(octx, h)
+						cancel()
+					}
+				}
+			} else {
+				fails++
+				if silentFrom.IsZero() {
+					silentFrom = time.Now()
+				}
+				if registered && fails >= cfg.UnhealthyAfter {
+					reg.DeregisterLocal(in.role)
+					registered = false
+					in.setState(StateUnhealthy, fmt.Sprintf("%d health probes failed", fails))
+					in.m.log.Warn("instance stopped answering; deregistered", zap.String("role", in.role))
+				}
+			}
+		}
+		if !registered && !silentFrom.IsZero() && time.Since(silentFrom) > cfg.ReadyTimeout {
+			return fmt.Sprintf("no answer on %s for %v", in.spec.Health, cfg.ReadyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ""
+		case status := <-in.exitC:
+			// An exit of an earlier run can arrive late; trust the
+			// runtime's current state when it can tell.
+			if st, err := in.providerStatus(ctx); err == nil && st.Running {
+				continue
+			}
+			if registered {
+				reg.DeregisterLocal(in.role)
+			}
+			msg := fmt.Sprintf("exited with status %d", status)
+			in.emit(EventNodeStopped, msg)
+			return msg
+		case <-ticker.C:
+		}
+	}
+}
+
+func (in *instance) providerStatus(ctx context.Context) (NodeStatus, error) {
+	octx, cancel := in.opCtx(ctx)
+	defer cancel()
+	return in.m.cfg.Provider.Status(octx, in.ref)
+}
+
+// probeOnce is one GET of the health path; any 2xx is healthy.
+func (in *instance) probeOnce(ctx context.Context, endpoint string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+in.spec.Health, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := in.m.probe.Do(req)
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	return resp.StatusCode >= 200 && resp.StatusCode < 300
+}
+
+// remove stops every container of a role that is no longer desired and
+// deletes its intents, retrying until done or ctx is done.
+func (in *instance) remove(ctx context.Context) {
+	in.m.cfg.Registrar.DeregisterLocal(in.role)
+	if in.stopRole(ctx, "") {
+		in.emit(EventNodeStopped, "role removed; instance stopped")
+	}
+}
+
+// stopRole stops and forgets every attempt of the role recorded in the
+// intents except keep, retrying with backoff. It reports false when ctx
+// ended first.
+func (in *instance) stopRole(ctx context.Context, keep string) bool {
+	backoff := in.m.cfg.RetryBackoff
+	for {
+		err := in.tryStopRole(ctx, keep)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		in.setState(in.status().State, err.Error())
+		in.m.log.Warn("stopping old instance", zap.String("role", in.role), zap.Error(err), zap.Duration("retry_in", backoff))
+		if !sleepCtx(ctx, backoff) {
+			return false
+		}
+		backoff = min(backoff*2, in.m.cfg.MaxRetryBackoff)
+	}
+}
+
+func (in *instance) tryStopRole(ctx context.Context, keep string) error {
+	intents, err := in.m.cfg.Intents.Intents()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for ref, s := range intents {
+		if s.Role != in.role || ref == keep {
+			continue
+		}
+		octx, cancel := in.opCtx(ctx)
+		found, err := in.m.cfg.Provider.StopBySpec(octx, s, in)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", ref, err))
+			continue
+		}
+		if err := in.m.cfg.Intents.DeleteIntent(ref); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		what := "forgot intent of absent container"
+		if found {
+			what = "stopped and removed container"
+		}
+		in.logs.Add(LogLine{Time: time.Now(), Stream: "provider", Line: what + " " + ref})
+		in.m.log.Info(what, zap.String("role", in.role), zap.String("ref", ref))
+	}
+	return errors.Join(errs...)
+}
+
+// String is for logs.
+func (s InstanceStatus) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %s", s.Role, s.State, s.Ref)
+	if s.LastError != "" {
+		fmt.Fprintf(&b, " (%s)", s.LastError)
+	}
+	return b.String()
+}

@@ -1,0 +1,620 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"path"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// Registrar is the part of the placement table the Manager drives: an
+// instance is registered once it answers its health probe and deregistered
+// when it stops answering. Methods must be safe for concurrent use and must
+// not block. *placement.Table satisfies it.
+type Registrar interface {
+	RegisterLocal(role string, l placement.Local) error
+	DeregisterLocal(role string)
+}
+
+var _ Registrar = (*placement.Table)(nil)
+
+// InstanceProvider is what the Manager needs from a runtime: the provider
+// contract plus status (published endpoint, running or not) and the scoped
+// label sweep. Safe for concurrent use; the Manager serializes calls per
+// role. *DockerProvider satisfies it.
+type InstanceProvider interface {
+	Provider
+	// Status reports ref's resource; ErrNotFound when it does not exist.
+	Status(ctx context.Context, ref string) (NodeStatus, error)
+	// ListManaged lists the resources owned by this agent (site and node).
+	ListManaged(ctx context.Context) ([]ManagedContainer, error)
+	// RemoveManaged removes ref after re-checking ownership (ErrNotOwned).
+	RemoveManaged(ctx context.Context, ref string) error
+}
+
+var _ InstanceProvider = (*DockerProvider)(nil)
+
+// RestartPolicy bounds restarts of an instance that exited or stopped
+// answering. Zero fields take the defaults.
+type RestartPolicy struct {
+	// Max restarts within Window before giving up. Default 5.
+	Max int
+	// Window over which restarts are counted. Default 10m.
+	Window time.Duration
+	// Backoff before the first restart in a window; it doubles with each
+	// further restart in the window, up to 1m. Default 2s.
+	Backoff time.Duration
+}
+
+func (p RestartPolicy) withDefaults() RestartPolicy {
+	if p.Max <= 0 {
+		p.Max = 5
+	}
+	if p.Window <= 0 {
+		p.Window = 10 * time.Minute
+	}
+	if p.Backoff <= 0 {
+		p.Backoff = 2 * time.Second
+	}
+	return p
+}
+
+// InstanceSpec is the desired local instance of one role.
+type InstanceSpec struct {
+	Image string
+	Args  []string
+	Env   map[string]string
+	// Port is the port the server listens on inside the container; it is
+	// published on 127.0.0.1 at a port the engine picks.
+	Port   int
+	Mounts []Mount
+	// Health is the readiness path probed with GET. Default /health.
+	Health string
+	// Model is the model the instance knows (registered in placement).
+	Model string
+	// Runtime is reported in placement. Default "docker".
+	Runtime string
+	Restart RestartPolicy
+}
+
+func (s InstanceSpec) validate() error {
+	if strings.TrimSpace(s.Image) == "" {
+		return errors.New("image is empty")
+	}
+	if s.Port < 1 || s.Port > 65535 {
+		return fmt.Errorf("port %d out of range", s.Port)
+	}
+	if s.Health != "" && !strings.HasPrefix(s.Health, "/") {
+		return fmt.Errorf("health %q does not start with /", s.Health)
+	}
+	for k := range s.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("env: bad name %q", k)
+		}
+	}
+	for i, m := range s.Mounts {
+		if !path.IsAbs(m.HostPath) || !path.IsAbs(m.ContainerPath) {
+			return fmt.Errorf("mounts[%d]: paths must be absolute", i)
+		}
+	}
+	return nil
+}
+
+// nodeSpec is the provider spec of the role's instance at attempt. Role
+// instances are not part of a run (RunID 0); NodeID is a stable digest of
+// the role so observations carry a useful number.
+func (s InstanceSpec) nodeSpec(role string, attempt uint64) NodeSpec {
+	keys := make([]string, 0, len(s.Env))
+	for k := range s.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	env := make([]EnvVar, 0, len(keys))
+	for _, k := range keys {
+		env = append(env, EnvVar{Name: k, Value: s.Env[k]})
+	}
+	h := fnv.New64a()
+	h.Write([]byte(role))
+	return NodeSpec{
+		NodeID:    h.Sum64(),
+		AttemptID: attempt,
+		Image:     s.Image,
+		Env:       env,
+		Args:      append([]string(nil), s.Args...),
+		Mounts:    append([]Mount(nil), s.Mounts...),
+		Role:      role,
+		Ports:     []int{s.Port},
+	}
+}
+
+// InstanceState is where an instance is in its lifecycle.
+type InstanceState string
+
+// Instance states.
+const (
+	StatePending    InstanceState = "pending"    // desired, not yet started
+	StateStarting   InstanceState = "starting"   // container up, waiting for its health probe
+	StateReady      InstanceState = "ready"      // answering, registered in placement
+	StateUnhealthy  InstanceState = "unhealthy"  // running but not answering; deregistered
+	StateRestarting InstanceState = "restarting" // exited or gave no answer; restart pending (backoff)
+	StateError      InstanceState = "error"      // the runtime failed (e.g. daemon unreachable); retrying
+	StateFailed     InstanceState = "failed"     // over its restart policy; given up
+	StateRemoving   InstanceState = "removing"   // role removed; container being stopped
+)
+
+// InstanceStatus is the operator view of one role's instance.
+type InstanceStatus struct {
+	Role        string
+	State       InstanceState
+	Ref         string // container name
+	ContainerID string
+	Endpoint    string // published loopback address, "127.0.0.1:port"
+	Image       string
+	Attempt     uint64
+	SpecHash    string
+	Restarts    int // restarts since this manager started supervising it
+	LastEvent   Event
+	LastError   string
+	Since       time.Time // when State was entered
+}
+
+// Orphan is a container owned by this agent that nothing wants.
+type Orphan struct {
+	Ref     string
+	ID      string
+	Role    string
+	Attempt uint64
+	State   string
+	Removed bool
+	Error   string
+}
+
+// ManagerConfig configures a Manager. Zero values mean the default.
+type ManagerConfig struct {
+	// Provider runs the instances (required), e.g. a *DockerProvider.
+	Provider InstanceProvider
+	// Intents is the durable intent store (required).
+	Intents IntentStore
+	// Registrar is told when instances are ready or gone (required),
+	// e.g. the *placement.Table.
+	Registrar Registrar
+	// Logger; nil means zap.NewNop().
+	Logger *zap.Logger
+	// Events receives lifecycle events. Called from the manager's
+	// goroutines; must not block. Nil discards.
+	Events func(Event)
+
+	// ProbeInterval between health probes. Default 2s.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe. Default 2s.
+	ProbeTimeout time.Duration
+	// ReadyTimeout is how long a started instance may take to answer, and
+	// how long a ready one may stay silent, before it is restarted. Default 2m.
+	ReadyTimeout time.Duration
+	// UnhealthyAfter consecutive failed probes deregister a ready instance.
+	// Default 3.
+	UnhealthyAfter int
+	// RetryBackoff is the first delay after a runtime error (daemon
+	// unreachable, ...); it doubles up to MaxRetryBackoff. Defaults 1s, 30s.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// OpTimeout bounds one provider operation. Default 2m.
+	OpTimeout time.Duration
+	// LogLines is the per-instance recent-log buffer. Default 500.
+	LogLines int
+	// SweepOnStart removes orphans once after the first Apply. Default
+	// false here; the agent turns it on.
+	SweepOnStart bool
+}
+
+// DefaultManagerConfig returns the defaults (the required fields unset).
+func DefaultManagerConfig() ManagerConfig {
+	return ManagerConfig{
+		ProbeInterval:   2 * time.Second,
+		ProbeTimeout:    2 * time.Second,
+		ReadyTimeout:    2 * time.Minute,
+		UnhealthyAfter:  3,
+		RetryBackoff:    time.Second,
+		MaxRetryBackoff: 30 * time.Second,
+		OpTimeout:       2 * time.Minute,
+		LogLines:        500,
+	}
+}
+
+func (c *ManagerConfig) fill() error {
+	if c.Provider == nil {
+		return errors.New("manager config: Provider is nil")
+	}
+	if c.Intents == nil {
+		return errors.New("manager config: Intents is nil")
+	}
+	if c.Registrar == nil {
+		return errors.New("manager config: Registrar is nil")
+	}
+	d := DefaultManagerConfig()
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Events == nil {
+		c.Events = func(Event) {}
+	}
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	setDur(&c.ProbeInterval, d.ProbeInterval)
+	setDur(&c.ProbeTimeout, d.ProbeTimeout)
+	setDur(&c.ReadyTimeout, d.ReadyTimeout)
+	setDur(&c.RetryBackoff, d.RetryBackoff)
+	setDur(&c.MaxRetryBackoff, d.MaxRetryBackoff)
+	setDur(&c.OpTimeout, d.OpTimeout)
+	if c.UnhealthyAfter <= 0 {
+		c.UnhealthyAfter = d.UnhealthyAfter
+	}
+	if c.LogLines <= 0 {
+		c.LogLines = d.LogLines
+	}
+	return nil
+}
+
+// ErrRunning is returned by Run when the manager already runs.
+var ErrRunning = errors.New("manager already running")
+
+// Manager reconciles the roles' desired instances with the runtime and
+// supervises them: each role has one supervisor goroutine (owned by Run)
+// that adopts or creates its container, probes it, registers it in
+// placement and restarts it within its policy.
+//
+// Replacement on a spec change stops the old container before the new one
+// is created (accelerator memory usually cannot hold both); the role does
+// not serve in between. Changes that do not alter the container (model,
+// health path, restart policy) re-supervise the running container without
+// restarting it. On shutdown (Run's ctx done) containers keep running; the
+// next Manager over the same IntentStore adopts them.
+type Manager struct {
+	cfg   ManagerConfig
+	log   *zap.Logger
+	probe *http.Client
+	kick  chan struct{}
+
+	mu        sync.Mutex
+	desired   map[string]InstanceSpec
+	applied   bool
+	running   bool
+	instances map[string]*instance // by role; read by Instances/Logs
+}
+
+// NewManager validates cfg and returns an idle manager: call Apply and Run.
+func NewManager(cfg ManagerConfig) (*Manager, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg: cfg,
+		log: cfg.Logger,
+		probe: &http.Client{
+			Timeout: cfg.ProbeTimeout,
+			// Probes must not reuse a connection to a container that was
+			// replaced, nor keep idle connections (and goroutines) around.
+			Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil},
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse
+			},
+		},
+		kick:      make(chan struct{}, 1),
+		desired:   map[string]InstanceSpec{},
+		instances: map[string]*instance{},
+	}, nil
+}
+
+// Apply sets the desired instances by role (the whole set: roles missing
+// from it are removed) and returns; Run converges to it. It rejects the
+// whole set, naming the role and field, if any spec is invalid. Until the
+// first Apply, Run only adopts nothing and removes nothing.
+func (m *Manager) Apply(ctx context.Context, desired map[string]InstanceSpec) error {
+	var errs []error
+	next := make(map[string]InstanceSpec, len(desired))
+	for role, s := range desired {
+		if err := placement.ValidateRole(role); err != nil {
+			errs = append(errs, fmt.Errorf("role %q: %w", role, err))
+			continue
+		}
+		if err := s.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("role %s: instance: %w", role, err))
+			continue
+		}
+		next[role] = cloneInstanceSpec(s)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	m.mu.Lock()
+	m.desired = next
+	m.applied = true
+	m.mu.Unlock()
+	m.poke()
+	return ctx.Err()
+}
+
+func (m *Manager) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func cloneInstanceSpec(s InstanceSpec) InstanceSpec {
+	c := s
+	c.Args = append([]string(nil), s.Args...)
+	c.Mounts = append([]Mount(nil), s.Mounts...)
+	if s.Env != nil {
+		c.Env = make(map[string]string, len(s.Env))
+		for k, v := range s.Env {
+			c.Env[k] = v
+		}
+	}
+	if c.Health == "" {
+		c.Health = "/health"
+	}
+	if c.Runtime == "" {
+		c.Runtime = "docker"
+	}
+	c.Restart = s.Restart.withDefaults()
+	return c
+}
+
+// Run supervises until ctx is done, then stops supervising (containers
+// keep running), waits for its goroutines and returns nil.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.running {
+		m.mu.Unlock()
+		return ErrRunning
+	}
+	m.running = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+	}()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	swept := false
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		if pending := m.reconcile(ctx, &wg); pending {
+			retry.Reset(m.cfg.RetryBackoff)
+		}
+		m.mu.Lock()
+		applied := m.applied
+		m.mu.Unlock()
+		if applied && !swept && m.cfg.SweepOnStart {
+			swept = true
+			orphans, err := m.SweepOrphans(ctx, false)
+			if err != nil {
+				m.log.Warn("orphan sweep", zap.Error(err))
+			}
+			for _, o := range orphans {
+				m.log.Info("orphan container", zap.String("ref", o.Ref), zap.Bool("removed", o.Removed), zap.String("error", o.Error))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.kick:
+		case <-retry.C:
+		}
+	}
+}
+
+// reconcile starts, replaces and removes supervisors to match the desired
+// set. It reports whether something is left to do later (intents could not
+// be read, a removal is still in flight).
+func (m *Manager) reconcile(ctx context.Context, wg *sync.WaitGroup) (pending bool) {
+	m.mu.Lock()
+	if !m.applied {
+		m.mu.Unlock()
+		return false
+	}
+	desired := m.desired
+	current := make(map[string]*instance, len(m.instances))
+	for r, in := range m.instances {
+		current[r] = in
+	}
+	m.mu.Unlock()
+
+	intents, err := m.cfg.Intents.Intents()
+	if err != nil {
+		m.log.Error("reading intents", zap.Error(err))
+		return true
+	}
+
+	// Finished removals leave the table.
+	for role, in := range current {
+		if in.removing && in.finished() {
+			m.mu.Lock()
+			if m.instances[role] == in {
+				delete(m.instances, role)
+			}
+			m.mu.Unlock()
+			delete(current, role)
+		}
+	}
+
+	for role, spec := range desired {
+		in := current[role]
+		if in != nil && in.removing {
+			pending = true // wait for the removal, then start afresh
+			continue
+		}
+		if in != nil && reflect.DeepEqual(in.spec, spec) {
+			continue
+		}
+		if in != nil {
+			in.stop() // the container stays; the new supervisor decides
+		}
+		attempt := pickAttempt(role, spec, intents)
+		next := m.newInstance(role, spec, attempt)
+		if in != nil {
+			next.restarts = in.restartsTotal()
+		}
+		m.mu.Lock()
+		m.instances[role] = next
+		m.mu.Unlock()
+		next.start(ctx, wg, (*instance).supervise)
+	}
+
+	// Roles no longer desired: supervised ones, and ones only known from
+	// intents (removed from the config while the agent was down).
+	gone := map[string]bool{}
+	for role, in := range current {
+		if _, ok := desired[role]; !ok && !in.removing {
+			in.stop()
+			gone[role] = true
+		}
+	}
+	for _, s := range intents {
+		if _, ok := desired[s.Role]; !ok && current[s.Role] == nil {
+			gone[s.Role] = true
+		}
+	}
+	for role := range gone {
+		rm := m.newInstance(role, InstanceSpec{}, 0)
+		rm.removing = true
+		rm.setState(StateRemoving, "")
+		m.mu.Lock()
+		m.instances[role] = rm
+		m.mu.Unlock()
+		rm.start(ctx, wg, (*instance).remove)
+	}
+	return pending
+}
+
+// pickAttempt reuses the attempt of an intent with the same content (adopt
+// it) or takes the next number after every attempt the role has had.
+func pickAttempt(role string, spec InstanceSpec, intents map[string]NodeSpec) uint64 {
+	want := spec.nodeSpec(role, 0).Hash()
+	var same, highest uint64
+	for _, s := range intents {
+		if s.Role != role {
+			continue
+		}
+		highest = max(highest, s.AttemptID)
+		if s.Hash() == want {
+			same = max(same, s.AttemptID)
+		}
+	}
+	if same > 0 {
+		return same
+	}
+	return highest + 1
+}
+
+// Instances returns the operator view of every instance, sorted by role.
+func (m *Manager) Instances() []InstanceStatus {
+	m.mu.Lock()
+	list := make([]*instance, 0, len(m.instances))
+	for _, in := range m.instances {
+		list = append(list, in)
+	}
+	m.mu.Unlock()
+	out := make([]InstanceStatus, 0, len(list))
+	for _, in := range list {
+		out = append(out, in.status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Role < out[j].Role })
+	return out
+}
+
+// Instance returns one role's status.
+func (m *Manager) Instance(role string) (InstanceStatus, bool) {
+	m.mu.Lock()
+	in, ok := m.instances[role]
+	m.mu.Unlock()
+	if !ok {
+		return InstanceStatus{}, false
+	}
+	return in.status(), true
+}
+
+// Logs returns up to n recent lines of role's instance (n < 1: all kept).
+func (m *Manager) Logs(role string, n int) []LogLine {
+	m.mu.Lock()
+	in, ok := m.instances[role]
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return in.logs.Last(n)
+}
+
+// SweepOrphans finds containers labeled with this agent's site and node
+// that no intent and no instance wants, and removes them unless dryRun.
+// Containers of other nodes or sites, or without our labels, are never
+// listed (the provider re-checks labels client-side and again before
+// removing). Removal failures are reported per orphan and joined into err;
+// the sweep continues past them.
+func (m *Manager) SweepOrphans(ctx context.Context, dryRun bool) ([]Orphan, error) {
+	// Intents are written before containers are created and deleted after
+	// they are gone, so reading them before listing cannot miss a
+	// container being created.
+	intents, err := m.cfg.Intents.Intents()
+	if err != nil {
+		return nil, fmt.Errorf("sweep: %w", err)
+	}
+	wanted := make(map[string]bool, len(intents))
+	for ref := range intents {
+		wanted[ref] = true
+	}
+	for _, st := range m.Instances() {
+		if st.Ref != "" {
+			wanted[st.Ref] = true
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+	list, err := m.cfg.Provider.ListManaged(lctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("sweep: %w", err)
+	}
+	var out []Orphan
+	var errs []error
+	for _, c := range list {
+		if wanted[c.Ref] {
+			continue
+		}
+		o := Orphan{Ref: c.Ref, ID: c.ID, Role: c.Role, Attempt: c.Attempt, State: c.State}
+		if !dryRun {
+			rctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
+			err := m.cfg.Provider.RemoveManaged(rctx, c.Ref)
+			cancel()
+			if err != nil {
+				o.Error = err.Error()
+				errs = append(errs, fmt.Errorf("sweep %s: %w", c.Ref, err))
+			} else {
+				o.Removed = true
+			}
+		}
+		out = append(out, o)
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,538 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+	"go.etcd.io/bbolt"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// mgrEnv is one agent's worth of provisioning against the real engine: a
+// provider, a bbolt intent store, a real placement table and a running
+// Manager.
+type mgrEnv struct {
+	t       *testing.T
+	site    string
+	dbPath  string
+	api     DockerAPI
+	cli     *client.Client
+	p       *DockerProvider
+	db      *bbolt.DB
+	intents *BoltIntents
+	table   *placement.Table
+	m       *Manager
+
+	mu     sync.Mutex
+	events []Event
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func managerConfigForTest() ManagerConfig {
+	return ManagerConfig{
+		ProbeInterval:   100 * time.Millisecond,
+		ProbeTimeout:    500 * time.Millisecond,
+		ReadyTimeout:    20 * time.Second,
+		UnhealthyAfter:  2,
+		RetryBackoff:    100 * time.Millisecond,
+		MaxRetryBackoff: 400 * time.Millisecond,
+		OpTimeout:       30 * time.Second,
+	}
+}
+
+// newMgrEnv starts a Manager for site over the intent store at dbPath
+// ("" = a new one). api nil means the real client.
+func newMgrEnv(t *testing.T, site, dbPath string, api DockerAPI) *mgrEnv {
+	t.Helper()
+	e := &mgrEnv{t: t, site: site, dbPath: dbPath, cli: testClient(t)}
+	if e.dbPath == "" {
+		e.dbPath = filepath.Join(t.TempDir(), "state.db")
+	}
+	e.api = api
+	if e.api == nil {
+		e.api = e.cli
+	}
+	db, err := bbolt.Open(e.dbPath, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.db = db
+	if e.intents, err = NewBoltIntents(db, "provision"); err != nil {
+		t.Fatal(err)
+	}
+	e.p = newTestProvider(t, e.api, site, "n1")
+	if e.table, err = placement.New(placement.Config{NodeID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := managerConfigForTest()
+	cfg.Provider, cfg.Intents, cfg.Registrar = e.p, e.intents, e.table
+	cfg.Events = func(ev Event) {
+		e.mu.Lock()
+		e.events = append(e.events, ev)
+		e.mu.Unlock()
+	}
+	if e.m, err = NewManager(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel, e.done = cancel, make(chan error, 1)
+	go func() { e.done <- e.m.Run(ctx) }()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// stop ends the manager (containers keep running) and closes the store.
+// Idempotent.
+func (e *mgrEnv) stop() {
+	if e.cancel == nil {
+		return
+	}
+	e.cancel()
+	e.cancel = nil
+	select {
+	case err := <-e.done:
+		if err != nil {
+			e.t.Errorf("Run = %v, want nil on cancel", err)
+		}
+	case <-time.After(30 * time.Second):
+		e.t.Errorf("Run did not return after cancel")
+	}
+	e.p.Close()
+	e.db.Close()
+}
+
+func (e *mgrEnv) apply(desired map[string]InstanceSpec) {
+	e.t.Helper()
+	if err := e.m.Apply(context.Background(), desired); err != nil {
+		e.t.Fatalf("Apply: %v", err)
+	}
+}
+
+func (e *mgrEnv) hasEvent(kind EventKind, substr string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ev := range e.events {
+		if ev.Kind == kind && strings.Contains(ev.Message, substr) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitInstance polls role's status until pred holds.
+func (e *mgrEnv) waitInstance(role, what string, pred func(InstanceStatus, bool) bool) InstanceStatus {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, ok := e.m.Instance(role)
+		if pred(st, ok) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("instance %s never became %s; last %+v (present %v)", role, what, st, ok)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *mgrEnv) waitReady(role string, pred func(InstanceStatus) bool) InstanceStatus {
+	e.t.Helper()
+	return e.waitInstance(role, "ready", func(st InstanceStatus, ok bool) bool {
+		return ok && st.State == StateReady && (pred == nil || pred(st))
+	})
+}
+
+func instanceSpec(model string) InstanceSpec {
+	return InstanceSpec{
+		Image:   testImage,
+		Args:    []string{"/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", model},
+		Port:    8080,
+		Model:   model,
+		Restart: RestartPolicy{Max: 2, Window: time.Minute, Backoff: 50 * time.Millisecond},
+	}
+}
+
+// chat posts a chat completion to an OpenAI base URL (".../v1").
+func chat(t *testing.T, base, model string) {
+	t.Helper()
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("chat completion via %s: %v", base, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("chat completion via %s = %d, want 200", base, resp.StatusCode)
+	}
+}
+
+func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
+	t.Parallel()
+	e := newMgrEnv(t, testSite(t), "", nil)
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st := e.waitReady("chat", nil)
+
+	base, ok := e.table.LocalBaseForRole("chat")
+	if got, want := base, "http://"+st.Endpoint+"/v1"; !ok || got != want {
+		t.Fatalf("placement base = %q, %v, want %q", got, ok, want)
+	}
+	chat(t, base, "m-chat")
+	if logs := e.m.Logs("chat", 0); !strings.Contains(logsText(logs), "serving demo model") {
+		t.Errorf("Logs(chat) = %q, want the model's startup line", logsText(logs))
+	}
+
+	id := st.ContainerID
+	for i := 1; i <= 2; i++ {
+		if err := e.cli.ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
+			t.Fatalf("kill #%d: %v", i, err)
+		}
+		st = e.waitReady("chat", func(s InstanceStatus) bool { return s.Restarts == i })
+		if st.ContainerID != id {
+			t.Errorf("restart #%d: container %s, want %s restarted in place", i, st.ContainerID, id)
+		}
+		base, ok := e.table.LocalBaseForRole("chat")
+		if got, want := base, "http://"+st.Endpoint+"/v1"; !ok || got != want {
+			t.Fatalf("after restart #%d placement base = %q, %v, want %q", i, got, ok, want)
+		}
+		chat(t, base, "m-chat")
+	}
+	if !e.hasEvent(EventNodeStopped, "exited with status 137") {
+		t.Errorf("no node_stopped event for the kill")
+	}
+
+	// A third exit within the window is over the policy: given up.
+	if err := e.cli.ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
+		t.Fatal(err)
+	}
+	st = e.waitInstance("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
+	if !strings.Contains(st.LastError, "gave up") || st.LastEvent.Kind != EventProvisionFailed {
+		t.Errorf("failed status = %+v, want a gave-up provision_failed event", st)
+	}
+	if !e.hasEvent(EventProvisionFailed, "gave up after 2 restarts") {
+		t.Errorf("no provision_failed event the operator can see")
+	}
+	if _, ok := e.table.LocalBaseForRole("chat"); ok {
+		t.Errorf("failed instance still registered in placement")
+	}
+}
+
+func logsText(lines []LogLine) string {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l.Stream + ": " + l.Line + "\n")
+	}
+	return b.String()
+}
+
+func TestManagerAdoptsAcrossAgentRestartWithoutGap(t *testing.T) {
+	t.Parallel()
+	site := testSite(t)
+	e1 := newMgrEnv(t, site, "", nil)
+	e1.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st1 := e1.waitReady("chat", nil)
+	info1, err := e1.cli.ContainerInspect(context.Background(), st1.ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Keep asking the instance while the agent restarts.
+	var probes, failures atomic.Int64
+	stopProbe := make(chan struct{})
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		for {
+			select {
+			case <-stopProbe:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			probes.Add(1)
+			resp, err := c.Get("http://" + st1.Endpoint + "/health")
+			if err != nil || resp.StatusCode != http.StatusOK {
+				failures.Add(1)
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+		}
+	}()
+
+	e1.stop()
+	e2 := newMgrEnv(t, site, e1.dbPath, nil)
+	e2.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st2 := e2.waitReady("chat", nil)
+	close(stopProbe)
+	<-probeDone
+
+	if st2.ContainerID != st1.ContainerID {
+		t.Errorf("after restart container = %s, want adopted %s", st2.ContainerID, st1.ContainerID)
+	}
+	info2, err := e2.cli.ContainerInspect(context.Background(), st2.ContainerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info2.State.StartedAt != info1.State.StartedAt || info2.RestartCount != info1.RestartCount {
+		t.Errorf("container restarted: started %s -> %s", info1.State.StartedAt, info2.State.StartedAt)
+	}
+	if st2.Restarts != 0 || !e2.hasEvent(EventProvisionStart, "adopted running container") {
+		t.Errorf("status %+v: want adopted, 0 restarts", st2)
+	}
+	if n := failures.Load(); n != 0 {
+		t.Errorf("%d of %d health requests failed during the agent restart", n, probes.Load())
+	}
+	refs, err := e2.p.ListManagedRefs(context.Background())
+	if err != nil || len(refs) != 1 {
+		t.Errorf("managed containers = %v, %v, want exactly one", refs, err)
+	}
+	if base, ok := e2.table.LocalBaseForRole("chat"); !ok || base != "http://"+st2.Endpoint+"/v1" {
+		t.Errorf("placement base = %q, %v after adoption", base, ok)
+	}
+}
+
+func TestManagerReplacesOnSpecChangeAndRemovesRole(t *testing.T) {
+	t.Parallel()
+	e := newMgrEnv(t, testSite(t), "", nil)
+	ctx := context.Background()
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-one")})
+	st1 := e.waitReady("chat", nil)
+	if st1.Attempt != 1 {
+		t.Errorf("first attempt = %d, want 1", st1.Attempt)
+	}
+
+	// Only the model the placement entry carries changes: same container.
+	same := instanceSpec("m-one")
+	same.Model = "m-one-alias"
+	e.apply(map[string]InstanceSpec{"chat": same})
+	e.waitInstance("chat", "re-registered", func(s InstanceStatus, ok bool) bool {
+		c := e.table.Resolve("chat")
+		return ok && s.State == StateReady && len(c) == 1 && c[0].Model == "m-one-alias"
+	})
+	if st, _ := e.m.Instance("chat"); st.ContainerID != st1.ContainerID || st.Restarts != 0 {
+		t.Errorf("model-only change: %+v, want the same container, not restarted", st)
+	}
+
+	// The container itself changes: replaced (old stopped first).
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-two")})
+	st2 := e.waitReady("chat", func(s InstanceStatus) bool { return s.Attempt == 2 })
+	if st2.ContainerID == st1.ContainerID || st2.Ref == st1.Ref {
+		t.Fatalf("not replaced: %+v", st2)
+	}
+	if _, err := e.cli.ContainerInspect(ctx, st1.ContainerID); !client.IsErrNotFound(err) {
+		t.Errorf("old container inspect = %v, want not found", err)
+	}
+	intents, err := e.intents.Intents()
+	if err != nil || len(intents) != 1 || intents[st2.Ref].AttemptID != 2 {
+		t.Errorf("intents = %v, %v, want only %s", intents, err, st2.Ref)
+	}
+	base, _ := e.table.LocalBaseForRole("chat")
+	chat(t, base, "m-two")
+
+	// The role goes away: container stopped and removed, intent dropped.
+	e.apply(map[string]InstanceSpec{})
+	e.waitInstance("chat", "gone", func(_ InstanceStatus, ok bool) bool { return !ok })
+	if _, err := e.cli.ContainerInspect(ctx, st2.ContainerID); !client.IsErrNotFound(err) {
+		t.Errorf("removed role's container inspect = %v, want not found", err)
+	}
+	if intents, _ := e.intents.Intents(); len(intents) != 0 {
+		t.Errorf("intents after removal = %v, want none", intents)
+	}
+	if _, ok := e.table.LocalBaseForRole("chat"); ok {
+		t.Errorf("removed role still registered")
+	}
+}
+
+func TestManagerSweepOrphans(t *testing.T) {
+	t.Parallel()
+	site, otherSite := testSite(t), testSite(t)
+	e := newMgrEnv(t, site, "", nil)
+	ctx := context.Background()
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	wanted := e.waitReady("chat", nil)
+
+	// An orphan with our labels (no intent), another node's, another
+	// site's, and an unlabeled container.
+	orphan, err := e.p.CreateNode(ctx, demoSpec("old", 3), Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherNode, err := newTestProvider(t, e.cli, site, "n2").CreateNode(ctx, demoSpec("old", 3), Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherSiteH, err := newTestProvider(t, e.cli, otherSite, "n1").CreateNode(ctx, demoSpec("old", 3), Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlabeled := "infermesh-" + site + "-n1-unlabeled-1"
+	removeByName(t, e.cli, unlabeled)
+	if _, err := e.cli.ContainerCreate(ctx, &container.Config{Image: testImage}, nil, nil, nil, unlabeled); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, dry := range []bool{true, false} {
+		got, err := e.m.SweepOrphans(ctx, dry)
+		if err != nil {
+			t.Fatalf("SweepOrphans(dry=%v): %v", dry, err)
+		}
+		if len(got) != 1 || got[0].Ref != orphan.Ref || got[0].Removed == dry {
+			t.Fatalf("SweepOrphans(dry=%v) = %+v, want only %s, removed %v", dry, got, orphan.Ref, !dry)
+		}
+		_, err = e.cli.ContainerInspect(ctx, orphan.ResourceID)
+		if gone := client.IsErrNotFound(err); gone != !dry {
+			t.Errorf("after SweepOrphans(dry=%v) orphan gone = %v", dry, gone)
+		}
+	}
+	for _, id := range []string{wanted.ContainerID, otherNode.ResourceID, otherSiteH.ResourceID, unlabeled} {
+		if _, err := e.cli.ContainerInspect(ctx, id); err != nil {
+			t.Errorf("container %s touched by the sweep: %v", id, err)
+		}
+	}
+	if st, _ := e.m.Instance("chat"); st.State != StateReady || st.ContainerID != wanted.ContainerID {
+		t.Errorf("wanted instance after sweep = %+v", st)
+	}
+}
+
+func TestManagerRecoversFromCrashBetweenIntentAndCreate(t *testing.T) {
+	t.Parallel()
+	site := testSite(t)
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+
+	// The previous agent wrote intents and died before creating anything:
+	// one for a role still configured, one for a role since removed.
+	{
+		db, err := bbolt.Open(dbPath, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, err := NewBoltIntents(db, "provision")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newTestProvider(t, testClient(t), site, "n1")
+		for role, spec := range map[string]InstanceSpec{"chat": cloneInstanceSpec(instanceSpec("m-chat")), "gone": cloneInstanceSpec(instanceSpec("m-gone"))} {
+			node := spec.nodeSpec(role, 4)
+			if err := in.PutIntent(p.ProviderRef(node), node); err != nil {
+				t.Fatal(err)
+			}
+		}
+		db.Close()
+	}
+
+	e := newMgrEnv(t, site, dbPath, nil)
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st := e.waitReady("chat", nil)
+	if st.Attempt != 4 {
+		t.Errorf("attempt = %d, want the intent's 4", st.Attempt)
+	}
+	e.waitInstance("gone", "cleaned up", func(_ InstanceStatus, ok bool) bool { return !ok })
+	intents, err := e.intents.Intents()
+	if err != nil || len(intents) != 1 || intents[st.Ref].Role != "chat" {
+		t.Errorf("intents = %v, %v, want only chat's", intents, err)
+	}
+	refs, err := e.p.ListManagedRefs(context.Background())
+	if err != nil || len(refs) != 1 || refs[0] != st.Ref {
+		t.Errorf("managed containers = %v, %v, want only %s", refs, err, st.Ref)
+	}
+}
+
+func TestManagerDeregistersWhileUnansweredAndReregisters(t *testing.T) {
+	t.Parallel()
+	e := newMgrEnv(t, testSite(t), "", nil)
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st := e.waitReady("chat", nil)
+	ctx := context.Background()
+
+	if err := e.cli.ContainerPause(ctx, st.ContainerID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitInstance("chat", "unhealthy", func(s InstanceStatus, ok bool) bool { return s.State == StateUnhealthy })
+	if _, ok := e.table.LocalBaseForRole("chat"); ok {
+		t.Errorf("unanswering instance still registered")
+	}
+	if err := e.cli.ContainerUnpause(ctx, st.ContainerID); err != nil {
+		t.Fatal(err)
+	}
+	st2 := e.waitReady("chat", nil)
+	if st2.ContainerID != st.ContainerID || st2.Restarts != 0 {
+		t.Errorf("after recovery %+v, want the same container, no restart", st2)
+	}
+	if _, ok := e.table.LocalBaseForRole("chat"); !ok {
+		t.Errorf("recovered instance not registered again")
+	}
+}
+
+// failingCreate fails ContainerCreate for one container name with a
+// connection failure while down is set, like a daemon that went away.
+type failingCreate struct {
+	DockerAPI
+	name string
+	down atomic.Bool
+	hits atomic.Int64
+}
+
+func (f *failingCreate) ContainerCreate(ctx context.Context, cc *container.Config, hc *container.HostConfig, nc *networkConfig, pl *platform, name string) (container.CreateResponse, error) {
+	if name == f.name && f.down.Load() {
+		f.hits.Add(1)
+		return container.CreateResponse{}, client.ErrorConnectionFailed("unix:///var/run/docker.sock")
+	}
+	return f.DockerAPI.ContainerCreate(ctx, cc, hc, nc, pl, name)
+}
+
+func TestManagerRuntimeErrorsRetryWhileOtherRolesServe(t *testing.T) {
+	t.Parallel()
+	site := testSite(t)
+	f := &failingCreate{DockerAPI: testClient(t), name: "infermesh-" + site + "-n1-embed-1"}
+	f.down.Store(true)
+	e := newMgrEnv(t, site, "", f)
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat"), "embed": instanceSpec("m-embed")})
+
+	e.waitReady("chat", nil)
+	st := e.waitInstance("embed", "retrying", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateError && f.hits.Load() >= 3 })
+	if !strings.Contains(st.LastError, ErrDaemonUnreachable.Error()) {
+		t.Errorf("LastError = %q, want it to say the daemon is unreachable", st.LastError)
+	}
+	if !e.hasEvent(EventProvisionFailed, ErrDaemonUnreachable.Error()) {
+		t.Errorf("no provision_failed event for the unreachable daemon")
+	}
+	base, _ := e.table.LocalBaseForRole("chat")
+	chat(t, base, "m-chat")
+
+	f.down.Store(false)
+	e.waitReady("embed", nil)
+}
+
+func TestManagerDeadDaemon(t *testing.T) {
+	t.Parallel()
+	dead := filepath.Join(t.TempDir(), "dead.sock")
+	cli, err := client.NewClientWithOpts(client.WithHost("unix://"+dead), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	e := newMgrEnv(t, "deadsite", "", cli)
+	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
+	st := e.waitInstance("chat", "error", func(s InstanceStatus, ok bool) bool {
+		return ok && s.State == StateError && strings.Contains(s.LastError, dead)
+	})
+	if !strings.Contains(st.LastError, ErrDaemonUnreachable.Error()) {
+		t.Errorf("LastError = %q, want it to say the daemon is unreachable", st.LastError)
+	}
+	if _, err := e.m.SweepOrphans(context.Background(), true); !errors.Is(err, ErrDaemonUnreachable) {
+		t.Errorf("SweepOrphans = %v, want ErrDaemonUnreachable", err)
+	}
+	e.stop() // Run returns nil promptly even while retrying
+}
