@@ -22,6 +22,8 @@ import (
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
+
+	"github.com/infermesh/infermesh/placement"
 )
 
 // testImage is built in TestMain, FROM scratch, from the static demo model
@@ -246,3 +248,5 @@ type (
 	networkConfig = network.NetworkingConfig
 	platform      = ocispec.Platform
 )
+
+type placementLocal = placement.Local
