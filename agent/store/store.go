@@ -1,0 +1,321 @@
+// Package store is the agent's embedded state store: one bbolt database in
+// the state dir (state.db) holding the run-time policy overrides operators
+// make through the admin socket, so that they survive a restart. Other
+// packages keep their own buckets in the same database (DB).
+//
+// # Precedence
+//
+// The configuration file is the baseline. A run-time change is recorded as
+// an Override of one (kind, role, node) fact with its value (on or off), when
+// it was made and by whom. On start and on every reload the agent applies
+// the configuration, then every override on top of it: an override replaces
+// whatever the configuration says about that exact fact, and nothing else.
+// An override stays until it is reset (`infermesh policy reset`), even when
+// a later configuration agrees with it, so an operator's decision is never
+// silently undone by an edit of the file.
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+// FileName is the database file in the state dir.
+const FileName = "state.db"
+
+// Kind is what an override is about.
+type Kind string
+
+// Override kinds. They are the configuration's names for the same facts.
+const (
+	// KindAcceptFrom: Node may serve Role to this node (consumer side,
+	// roles.<r>.accept_from). `infermesh allow` / `deny`.
+	KindAcceptFrom Kind = "accept_from"
+	// KindServeTo: this node serves Role to peer Node (serving side,
+	// roles.<r>.serve_to). `infermesh serve-to add` / `remove`.
+	KindServeTo Kind = "serve_to"
+	// KindExpose: Role may leave loopback at all (roles.<r>.expose). Node
+	// is empty. `infermesh expose` / `unexpose`.
+	KindExpose Kind = "expose"
+	// KindRevoke: Node (a node name or a base64 public key) is revoked.
+	// Role is empty and On is always true: lifting a run-time revocation
+	// deletes the override. `infermesh revoke` / `unrevoke`.
+	KindRevoke Kind = "revoke"
+)
+
+// Valid reports whether k is one of the kinds.
+func (k Kind) Valid() bool {
+	switch k {
+	case KindAcceptFrom, KindServeTo, KindExpose, KindRevoke:
+		return true
+	}
+	return false
+}
+
+// Override is one run-time policy fact.
+type Override struct {
+	Kind Kind      `json:"kind"`
+	Role string    `json:"role,omitempty"`
+	Node string    `json:"node,omitempty"`
+	On   bool      `json:"on"`
+	At   time.Time `json:"at"`
+	By   string    `json:"by,omitempty"`
+}
+
+// Key identifies the fact an override is about.
+type Key struct {
+	Kind Kind
+	Role string
+	Node string
+}
+
+// Key returns o's key.
+func (o Override) Key() Key { return Key{o.Kind, o.Role, o.Node} }
+
+func (k Key) bytes() []byte {
+	return []byte(string(k.Kind) + "\x00" + k.Role + "\x00" + k.Node)
+}
+
+// Validate checks that the key's fields fit its kind.
+func (k Key) Validate() error {
+	if !k.Kind.Valid() {
+		return fmt.Errorf("unknown override kind %q", k.Kind)
+	}
+	for _, s := range []string{k.Role, k.Node} {
+		if strings.ContainsRune(s, 0) {
+			return fmt.Errorf("override %s: NUL byte in a name", k.Kind)
+		}
+	}
+	switch k.Kind {
+	case KindExpose:
+		if k.Role == "" || k.Node != "" {
+			return fmt.Errorf("override %s: want a role and no node", k.Kind)
+		}
+	case KindRevoke:
+		if k.Role != "" || k.Node == "" {
+			return fmt.Errorf("override %s: want a node and no role", k.Kind)
+		}
+	default:
+		if k.Role == "" || k.Node == "" {
+			return fmt.Errorf("override %s: want a role and a node", k.Kind)
+		}
+	}
+	return nil
+}
+
+// Filter selects overrides; empty fields match everything.
+type Filter struct {
+	Kind Kind
+	Role string
+	Node string
+}
+
+func (f Filter) match(o Override) bool {
+	return (f.Kind == "" || f.Kind == o.Kind) && (f.Role == "" || f.Role == o.Role) && (f.Node == "" || f.Node == o.Node)
+}
+
+// ErrLocked is returned by Open when another process holds the database.
+var ErrLocked = errors.New("state store is in use by another process")
+
+// Options tune Open. Zero values mean the defaults.
+type Options struct {
+	// LockTimeout bounds the wait for the database's file lock (another
+	// agent on the same state dir holds it). Default 1s.
+	LockTimeout time.Duration
+}
+
+var bucketOverrides = []byte("policy_overrides.v1")
+
+// Store is the state database. Its methods are safe for concurrent use;
+// writes are durable (fsynced) when they return.
+type Store struct {
+	db   *bbolt.DB
+	path string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens (creating it, mode 0600) the database at path. A database
+// held by another process returns an error wrapping ErrLocked after
+// Options.LockTimeout.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = time.Second
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("state store: %w", err)
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.LockTimeout})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("state store %s: %w", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bbolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucketOverrides)
+		return err
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("state store %s: %w", path, err)
+	}
+	return &Store{db: db, path: path}, nil
+}
+
+// Path is the database file.
+func (s *Store) Path() string { return s.path }
+
+// DB is the underlying database, for other packages' buckets (e.g. the
+// provision intents). The Store owns it: do not close it.
+func (s *Store) DB() *bbolt.DB { return s.db }
+
+// Close closes the database. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.db.Close() })
+	return s.closeErr
+}
+
+// Put records o, replacing an override of the same key, and returns the
+// previous one (ok false when there was none).
+func (s *Store) Put(o Override) (prev Override, ok bool, err error) {
+	if err := o.Key().Validate(); err != nil {
+		return Override{}, false, err
+	}
+	if o.At.IsZero() {
+		o.At = time.Now()
+	}
+	o.At = o.At.UTC()
+	v, err := json.Marshal(o)
+	if err != nil {
+		return Override{}, false, err
+	}
+	k := o.Key().bytes()
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketOverrides)
+		if old := b.Get(k); old != nil {
+			if err := json.Unmarshal(old, &prev); err != nil {
+				return fmt.Errorf("override %q: %w", k, err)
+			}
+			ok = true
+		}
+		return b.Put(k, v)
+	})
+	if err != nil {
+		return Override{}, false, fmt.Errorf("store override: %w", err)
+	}
+	return prev, ok, nil
+}
+
+// Delete removes the override of k and returns it (ok false when there was
+// none).
+func (s *Store) Delete(k Key) (prev Override, ok bool, err error) {
+	if err := k.Validate(); err != nil {
+		return Override{}, false, err
+	}
+	kb := k.bytes()
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketOverrides)
+		old := b.Get(kb)
+		if old == nil {
+			return nil
+		}
+		if err := json.Unmarshal(old, &prev); err != nil {
+			return fmt.Errorf("override %q: %w", kb, err)
+		}
+		ok = true
+		return b.Delete(kb)
+	})
+	if err != nil {
+		return Override{}, false, fmt.Errorf("delete override: %w", err)
+	}
+	return prev, ok, nil
+}
+
+// Overrides returns every override, sorted by kind, role, node.
+func (s *Store) Overrides() ([]Override, error) {
+	return s.list(Filter{})
+}
+
+func (s *Store) list(f Filter) ([]Override, error) {
+	var out []Override
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketOverrides).ForEach(func(k, v []byte) error {
+			var o Override
+			if err := json.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("override %q: %w", k, err)
+			}
+			if f.match(o) {
+				out = append(out, o)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list overrides: %w", err)
+	}
+	sortOverrides(out)
+	return out, nil
+}
+
+// Reset deletes every override f matches, in one transaction, and returns
+// them.
+func (s *Store) Reset(f Filter) ([]Override, error) {
+	var gone []Override
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketOverrides)
+		var keys [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			var o Override
+			if err := json.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("override %q: %w", k, err)
+			}
+			if f.match(o) {
+				keys = append(keys, bytes.Clone(k))
+				gone = append(gone, o)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reset overrides: %w", err)
+	}
+	sortOverrides(gone)
+	return gone, nil
+}
+
+func sortOverrides(os []Override) {
+	slices.SortFunc(os, func(a, b Override) int {
+		return cmpStrings(string(a.Kind), string(b.Kind), a.Role, b.Role, a.Node, b.Node)
+	})
+}
+
+func cmpStrings(pairs ...string) int {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if c := strings.Compare(pairs[i], pairs[i+1]); c != 0 {
+			return c
+		}
+	}
+	return 0
+}
