@@ -1,0 +1,321 @@
+// Package admin is the agent's admin API: HTTP+JSON over a Unix socket,
+// routes versioned under /v0/, and the client the infermesh CLI uses.
+//
+// Who may do what is decided per connection from the kernel's peer
+// credentials (SO_PEERCRED): root, the agent's own user and members of the
+// configured admin group may change things; every other local user may
+// only read (and sees no gossip key). Requests carrying Origin or Referer,
+// or a Host other than the socket's fixed name, are refused, so a browser
+// tricked into talking to the socket gets nothing.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Host is the fixed Host of every admin request.
+const Host = "infermesh.sock"
+
+// maxBody bounds request bodies.
+const maxBody = 64 << 10
+
+// Config configures a Server. Zero values mean the defaults.
+type Config struct {
+	// Backend answers every request. Required.
+	Backend Backend
+	// Group (name or numeric id) may change things besides root and the
+	// agent's own user. Empty: nobody else.
+	Group string
+	// Metrics serves GET /metrics. Nil: 404.
+	Metrics http.Handler
+	// OnRefused is told about every refused request (for the audit). It
+	// must not block.
+	OnRefused func(c Caller, method, path, why string)
+	// Logger; nil is a no-op logger.
+	Logger *zap.Logger
+}
+
+// Server is the admin API server. Create it with New.
+type Server struct {
+	cfg      Config
+	gid      int // -1: no admin group
+	agentUID uint32
+	log      *zap.Logger
+	hs       *http.Server
+
+	baseCtx context.Context
+	cancel  context.CancelFunc
+}
+
+// New validates cfg and returns a Server that serves nothing until Serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("admin: Config.Backend is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	s := &Server{cfg: cfg, gid: -1, agentUID: uint32(os.Geteuid()), log: cfg.Logger}
+	if cfg.Group != "" {
+		gid, err := LookupGroup(cfg.Group)
+		if err != nil {
+			return nil, fmt.Errorf("admin: Config.Group: %w", err)
+		}
+		s.gid = gid
+	}
+	s.baseCtx, s.cancel = context.WithCancel(context.Background())
+	s.hs = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
+		// Streams (events) end when the base context does: see Shutdown.
+		BaseContext: func(net.Listener) context.Context { return s.baseCtx },
+		ConnContext: s.connContext,
+	}
+	return s, nil
+}
+
+// connContext identifies the peer once per connection.
+func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
+	cred, err := peerCred(c)
+	if err != nil {
+		s.log.Warn("admin connection without peer credentials", zap.Error(err))
+		return ctx
+	}
+	caller := Caller{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid}
+	caller.Write = cred.Uid == 0 || cred.Uid == s.agentUID ||
+		(s.gid >= 0 && (int(cred.Gid) == s.gid || inGroup(cred.Pid, cred.Uid, s.gid)))
+	return context.WithValue(ctx, callerKey{}, caller)
+}
+
+// Serve serves ln until Shutdown or Close; it then returns nil.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown ends every event stream, stops accepting and waits (until ctx
+// ends) for requests in flight. It is idempotent.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.cancel()
+	err := s.hs.Shutdown(ctx)
+	if err != nil {
+		_ = s.hs.Close()
+	}
+	return err
+}
+
+// Close stops at once. It is idempotent.
+func (s *Server) Close() error {
+	s.cancel()
+	return s.hs.Close()
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	b := s.cfg.Backend
+	read := func(pattern string, h func(w http.ResponseWriter, r *http.Request, c Caller)) {
+		mux.HandleFunc("GET "+pattern, s.guard(false, h))
+	}
+	write := func(pattern string, h func(w http.ResponseWriter, r *http.Request, c Caller)) {
+		mux.HandleFunc("POST "+pattern, s.guard(true, h))
+	}
+
+	read("/v0/status", func(w http.ResponseWriter, r *http.Request, _ Caller) { reply(w, r, b.Status) })
+	read("/v0/peers", func(w http.ResponseWriter, r *http.Request, _ Caller) { reply(w, r, b.Peers) })
+	read("/v0/roles", func(w http.ResponseWriter, r *http.Request, _ Caller) { reply(w, r, b.Roles) })
+	read("/v0/route/{role}", func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		reply(w, r, func(ctx context.Context) (Route, error) { return b.Route(ctx, r.PathValue("role")) })
+	})
+	read("/v0/policy", func(w http.ResponseWriter, r *http.Request, _ Caller) { reply(w, r, b.Policy) })
+	write("/v0/policy", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		var pc PolicyChange
+		if decode(w, r, &pc) {
+			reply(w, r, func(ctx context.Context) (PolicyResult, error) { return b.SetPolicy(ctx, c, pc) })
+		}
+	})
+	write("/v0/policy/reset", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		var f PolicyFilter
+		if decode(w, r, &f) {
+			reply(w, r, func(ctx context.Context) (ResetResult, error) { return b.ResetPolicy(ctx, c, f) })
+		}
+	})
+	read("/v0/keyring", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		reply(w, r, func(ctx context.Context) (Keyring, error) {
+			k, err := b.Keyring(ctx)
+			return redact(k, c), err
+		})
+	})
+	write("/v0/keyring/{op}", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		var kc KeyringChange
+		if !decode(w, r, &kc) {
+			return
+		}
+		kc.Op = r.PathValue("op")
+		switch kc.Op {
+		case KeyringInstall, KeyringUse, KeyringRemove:
+		default:
+			writeError(w, fmt.Errorf("%w: keyring operation %q is not install, use or remove", ErrNotFound, kc.Op))
+			return
+		}
+		reply(w, r, func(ctx context.Context) (Keyring, error) { return b.ChangeKeyring(ctx, c, kc) })
+	})
+	read("/v0/events", s.events)
+	write("/v0/reload", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		reply(w, r, func(ctx context.Context) (ReloadResult, error) { return b.Reload(ctx, c) })
+	})
+	read("/v0/instances", func(w http.ResponseWriter, r *http.Request, _ Caller) { reply(w, r, b.Instances) })
+	read("/v0/instances/{role}/logs", func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		n := 100
+		if q := r.URL.Query().Get("n"); q != "" {
+			v, err := strconv.Atoi(q)
+			if err != nil {
+				writeError(w, fmt.Errorf("%w: n=%q is not a number", ErrInvalid, q))
+				return
+			}
+			n = v
+		}
+		reply(w, r, func(ctx context.Context) ([]LogLine, error) { return b.InstanceLogs(ctx, r.PathValue("role"), n) })
+	})
+	read("/metrics", func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		if s.cfg.Metrics == nil {
+			writeError(w, fmt.Errorf("%w: metrics", ErrNotConfigured))
+			return
+		}
+		s.cfg.Metrics.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("/", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		writeError(w, fmt.Errorf("%w: %s %s", ErrNotFound, r.Method, r.URL.Path))
+	}))
+	return mux
+}
+
+// guard refuses cross-origin requests, unidentified callers and, for
+// changes, callers that may only read.
+func (s *Server) guard(change bool, h func(w http.ResponseWriter, r *http.Request, c Caller)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, ok := callerFrom(r.Context())
+		var why string
+		switch {
+		case !ok:
+			why = "the caller's credentials are unknown"
+		case r.Header.Get("Origin") != "" || r.Header.Get("Referer") != "":
+			why = "cross-origin requests are refused"
+		case r.Host != Host:
+			why = fmt.Sprintf("Host %q is not %q", r.Host, Host)
+		case change && !c.Write:
+			why = fmt.Sprintf("uid %d may only read; changes need root, uid %d%s", c.UID, s.agentUID, s.groupHint())
+		}
+		if why != "" {
+			if s.cfg.OnRefused != nil {
+				s.cfg.OnRefused(c, r.Method, r.URL.Path, why)
+			}
+			writeError(w, fmt.Errorf("%w: %s", ErrForbidden, why))
+			return
+		}
+		h(w, r, c)
+	}
+}
+
+func (s *Server) groupHint() string {
+	if s.gid < 0 {
+		return ""
+	}
+	return " or group " + s.cfg.Group
+}
+
+func redact(k Keyring, c Caller) Keyring {
+	if c.Write {
+		return k
+	}
+	keys := make([]GossipKey, len(k.Keys))
+	for i, g := range k.Keys {
+		g.Key = ""
+		keys[i] = g
+	}
+	k.Keys = keys
+	return k
+}
+
+// events streams the audit as newline-delimited JSON until the client
+// goes or the server shuts down.
+func (s *Server) events(w http.ResponseWriter, r *http.Request, _ Caller) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	err := s.cfg.Backend.Events(r.Context(), func(e Event) error {
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	if err != nil && r.Context().Err() == nil {
+		s.log.Debug("event stream ended", zap.Error(err))
+	}
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		writeError(w, fmt.Errorf("%w: request body: %v", ErrInvalid, err))
+		return false
+	}
+	return true
+}
+
+func reply[T any](w http.ResponseWriter, r *http.Request, f func(context.Context) (T, error)) {
+	v, err := f(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{APIError{Code: codeInternal, Message: err.Error()}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, codeInternal
+	switch {
+	case errors.Is(err, ErrForbidden):
+		status, code = http.StatusForbidden, codeForbidden
+	case errors.Is(err, ErrInvalid):
+		status, code = http.StatusBadRequest, codeInvalid
+	case errors.Is(err, ErrNotFound):
+		status, code = http.StatusNotFound, codeNotFound
+	case errors.Is(err, ErrConflict):
+		status, code = http.StatusConflict, codeConflict
+	case errors.Is(err, ErrNotConfigured):
+		status, code = http.StatusServiceUnavailable, codeNotConfigured
+	}
+	writeJSON(w, status, errorBody{APIError{Code: code, Message: err.Error()}})
+}

@@ -1,0 +1,258 @@
+package admin
+
+import (
+	"fmt"
+	"time"
+)
+
+// The JSON shapes of the v0 API. They are also what `infermesh --json`
+// prints, so changing a name is a breaking change for scripts.
+
+// Status is GET /v0/status.
+type Status struct {
+	Node          string       `json:"node"`
+	Version       string       `json:"version"`
+	Started       time.Time    `json:"started"`
+	UptimeSeconds float64      `json:"uptime_seconds"`
+	Config        string       `json:"config,omitempty"` // the config file, "" when built in (dev mode)
+	Generation    uint64       `json:"generation"`       // the placement table's
+	Mesh          MeshStatus   `json:"mesh"`
+	LocalRoles    []string     `json:"local_roles"`  // roles served by a local instance now
+	RemoteRoles   []RemoteRole `json:"remote_roles"` // roles peers serve to us now
+	Overrides     int          `json:"overrides"`    // run-time policy overrides in force
+}
+
+// MeshStatus summarizes this node's mesh membership.
+type MeshStatus struct {
+	// State is "disabled" (no mesh configured), "alone" (no peers) or
+	// "joined".
+	State      string `json:"state"`
+	GossipAddr string `json:"gossip_addr,omitempty"`
+	Members    int    `json:"members"`  // live members, this node included
+	Admitted   int    `json:"admitted"` // of which admitted now
+}
+
+// RemoteRole is a role and the peers that are candidates for it now, in
+// the order the proxy tries them.
+type RemoteRole struct {
+	Role  string   `json:"role"`
+	Nodes []string `json:"nodes"`
+}
+
+// Peer states.
+const (
+	PeerSelf        = "self"
+	PeerAdmitted    = "admitted"
+	PeerNotAdmitted = "not_admitted"
+)
+
+// Peer is one mesh member (GET /v0/peers).
+type Peer struct {
+	Name       string   `json:"name"`
+	State      string   `json:"state"` // self, admitted, not_admitted
+	Scope      string   `json:"scope,omitempty"`
+	Why        string   `json:"why,omitempty"` // why not admitted
+	GossipAddr string   `json:"gossip_addr,omitempty"`
+	QUICAddr   string   `json:"quic_addr,omitempty"`
+	PublicKey  string   `json:"public_key,omitempty"`
+	Roles      []string `json:"roles"` // roles it advertises that we hold, fresh or not
+}
+
+// Rule sources.
+const (
+	SourceConfig  = "config"
+	SourceRuntime = "runtime"
+	SourceDefault = "default" // nothing says otherwise: default deny
+)
+
+// Rule is one policy fact and where it came from.
+type Rule struct {
+	Node   string     `json:"node,omitempty"`
+	On     bool       `json:"on"`
+	Source string     `json:"source"` // config, runtime or default
+	By     string     `json:"by,omitempty"`
+	At     *time.Time `json:"at,omitempty"`
+}
+
+// Role is one role's configuration and state (GET /v0/roles).
+type Role struct {
+	Name       string       `json:"name"`
+	Configured bool         `json:"configured"` // in the config file (else only run-time overrides or adverts)
+	Addr       string       `json:"addr,omitempty"`
+	Local      *LocalTarget `json:"local,omitempty"`
+	Expose     Rule         `json:"expose"`
+	ServeTo    []Rule       `json:"serve_to"`    // peers we serve the role to; runtime "off" rules included
+	AcceptFrom []Rule       `json:"accept_from"` // nodes that may serve it to us; runtime "off" rules included
+	Remotes    []RemoteAd   `json:"remotes"`
+}
+
+// LocalTarget is a local instance.
+type LocalTarget struct {
+	Base    string `json:"base"`
+	Model   string `json:"model,omitempty"`
+	Runtime string `json:"runtime,omitempty"`
+}
+
+// RemoteAd is a peer's advert held for a role.
+type RemoteAd struct {
+	Node       string  `json:"node"`
+	Model      string  `json:"model,omitempty"`
+	Load       uint32  `json:"load"`
+	AgeSeconds float64 `json:"age_seconds"`
+	Fresh      bool    `json:"fresh"`
+}
+
+// Route is GET /v0/route/{role}: who serves the role now and why every
+// other node does not.
+type Route struct {
+	Role       string     `json:"role"`
+	Generation uint64     `json:"generation"`
+	Serving    string     `json:"serving,omitempty"` // the first candidate's node, "" when none
+	Decisions  []Decision `json:"decisions"`
+}
+
+// Decision is one node's verdict for a role.
+type Decision struct {
+	Node       string   `json:"node"`
+	Kind       string   `json:"kind"` // local or remote
+	Candidate  bool     `json:"candidate"`
+	Rank       int      `json:"rank"` // position among candidates, -1 when not one
+	Reasons    []string `json:"reasons,omitempty"`
+	Model      string   `json:"model,omitempty"`
+	Load       uint32   `json:"load"`
+	HasAdvert  bool     `json:"has_advert,omitempty"`
+	AgeSeconds float64  `json:"age_seconds,omitempty"`
+}
+
+// Policy kinds, as in the config file (roles.<r>.accept_from, ...).
+const (
+	KindAcceptFrom = "accept_from"
+	KindServeTo    = "serve_to"
+	KindExpose     = "expose"
+	KindRevoke     = "revoke"
+)
+
+// PolicyChange is POST /v0/policy. Revoke with On false lifts a run-time
+// revocation.
+type PolicyChange struct {
+	Kind string `json:"kind"`
+	Role string `json:"role,omitempty"`
+	Node string `json:"node,omitempty"`
+	On   bool   `json:"on"`
+}
+
+// Override is a stored run-time policy change.
+type Override struct {
+	Kind string    `json:"kind"`
+	Role string    `json:"role,omitempty"`
+	Node string    `json:"node,omitempty"`
+	On   bool      `json:"on"`
+	At   time.Time `json:"at"`
+	By   string    `json:"by,omitempty"`
+	// Active is false when the override names a role the config no longer
+	// has: it is kept, and applies again if the role comes back.
+	Active bool `json:"active"`
+}
+
+// PolicyResult answers a PolicyChange.
+type PolicyResult struct {
+	Override Override `json:"override"`
+	// Changed reports whether what the agent enforces changed.
+	Changed bool   `json:"changed"`
+	Note    string `json:"note,omitempty"`
+}
+
+// PolicyFilter selects overrides to reset (POST /v0/policy/reset); empty
+// fields match everything.
+type PolicyFilter struct {
+	Kind string `json:"kind,omitempty"`
+	Role string `json:"role,omitempty"`
+	Node string `json:"node,omitempty"`
+}
+
+// ResetResult answers a reset: the overrides dropped.
+type ResetResult struct {
+	Removed []Override `json:"removed"`
+}
+
+// Keyring is GET /v0/keyring.
+type Keyring struct {
+	Members int         `json:"members"` // live mesh members, this node included
+	Keys    []GossipKey `json:"keys"`    // primary first
+}
+
+// GossipKey is one gossip key and how many members hold it. Key is the
+// secret itself: it is sent only to callers that may change things.
+type GossipKey struct {
+	Key         string `json:"key,omitempty"`
+	Fingerprint string `json:"fingerprint"`
+	Primary     bool   `json:"primary"`
+	Nodes       int    `json:"nodes"`
+}
+
+// Keyring operations.
+const (
+	KeyringInstall = "install"
+	KeyringUse     = "use"
+	KeyringRemove  = "remove"
+)
+
+// KeyringChange is POST /v0/keyring/{op}.
+type KeyringChange struct {
+	Op  string `json:"op"`
+	Key string `json:"key"`
+}
+
+// Event is one audit event of GET /v0/events (newline-delimited JSON).
+type Event struct {
+	Time   time.Time         `json:"time"`
+	Kind   string            `json:"kind"`
+	Role   string            `json:"role,omitempty"`
+	Node   string            `json:"node,omitempty"`
+	Fields map[string]string `json:"fields,omitempty"`
+}
+
+// ReloadResult is POST /v0/reload.
+type ReloadResult struct {
+	Config       string   `json:"config"`
+	Applied      []string `json:"applied"`       // changes in force now
+	NeedsRestart []string `json:"needs_restart"` // changes read but applied only at the next start
+	Generation   uint64   `json:"generation"`
+}
+
+// Instance is a managed local instance (GET /v0/instances).
+type Instance struct {
+	Role        string    `json:"role"`
+	State       string    `json:"state"`
+	Ref         string    `json:"ref,omitempty"`
+	ContainerID string    `json:"container_id,omitempty"`
+	Endpoint    string    `json:"endpoint,omitempty"`
+	Image       string    `json:"image,omitempty"`
+	Restarts    int       `json:"restarts"`
+	LastError   string    `json:"last_error,omitempty"`
+	Since       time.Time `json:"since"`
+}
+
+// LogLine is one line of an instance's log (GET /v0/instances/{role}/logs).
+type LogLine struct {
+	Time   time.Time `json:"time"`
+	Stream string    `json:"stream"`
+	Line   string    `json:"line"`
+}
+
+// Caller is who is on the other end of an admin connection, from the
+// kernel (SO_PEERCRED).
+type Caller struct {
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	PID   int32  `json:"pid"`
+	Write bool   `json:"write"` // may change things
+}
+
+// String names the caller for audit records: "uid 1000 (alice) pid 42".
+func (c Caller) String() string {
+	if name := userName(c.UID); name != "" {
+		return fmt.Sprintf("uid %d (%s) pid %d", c.UID, name, c.PID)
+	}
+	return fmt.Sprintf("uid %d pid %d", c.UID, c.PID)
+}
