@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Backend is what the admin API needs of the agent. *agent.Backend is the
@@ -107,3 +108,19 @@ func (e *APIError) Is(target error) bool {
 type errorBody struct {
 	Error APIError `json:"error"`
 }
+
+// Errorf returns an error with its own message that errors.Is matches
+// against kind (ErrInvalid, ErrNotFound, ErrConflict, ErrNotConfigured,
+// ErrForbidden), so the client learns the kind without the message saying
+// it twice.
+func Errorf(kind error, format string, args ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+}
+
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }

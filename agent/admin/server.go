@@ -171,7 +171,7 @@ func (s *Server) routes() http.Handler {
 		switch kc.Op {
 		case KeyringInstall, KeyringUse, KeyringRemove:
 		default:
-			writeError(w, fmt.Errorf("%w: keyring operation %q is not install, use or remove", ErrNotFound, kc.Op))
+			writeError(w, Errorf(ErrNotFound, "keyring operation %q is not install, use or remove", kc.Op))
 			return
 		}
 		reply(w, r, func(ctx context.Context) (Keyring, error) { return b.ChangeKeyring(ctx, c, kc) })
@@ -186,7 +186,7 @@ func (s *Server) routes() http.Handler {
 		if q := r.URL.Query().Get("n"); q != "" {
 			v, err := strconv.Atoi(q)
 			if err != nil {
-				writeError(w, fmt.Errorf("%w: n=%q is not a number", ErrInvalid, q))
+				writeError(w, Errorf(ErrInvalid, "n=%q is not a number", q))
 				return
 			}
 			n = v
@@ -195,13 +195,13 @@ func (s *Server) routes() http.Handler {
 	})
 	read("/metrics", func(w http.ResponseWriter, r *http.Request, _ Caller) {
 		if s.cfg.Metrics == nil {
-			writeError(w, fmt.Errorf("%w: metrics", ErrNotConfigured))
+			writeError(w, Errorf(ErrNotConfigured, "metrics are not enabled"))
 			return
 		}
 		s.cfg.Metrics.ServeHTTP(w, r)
 	})
 	mux.HandleFunc("/", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
-		writeError(w, fmt.Errorf("%w: %s %s", ErrNotFound, r.Method, r.URL.Path))
+		writeError(w, Errorf(ErrNotFound, "no such admin route: %s %s", r.Method, r.URL.Path))
 	}))
 	return mux
 }
@@ -226,7 +226,7 @@ func (s *Server) guard(change bool, h func(w http.ResponseWriter, r *http.Reques
 			if s.cfg.OnRefused != nil {
 				s.cfg.OnRefused(c, r.Method, r.URL.Path, why)
 			}
-			writeError(w, fmt.Errorf("%w: %s", ErrForbidden, why))
+			writeError(w, Errorf(ErrForbidden, "permission denied: %s", why))
 			return
 		}
 		h(w, r, c)
@@ -277,7 +277,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		writeError(w, fmt.Errorf("%w: request body: %v", ErrInvalid, err))
+		writeError(w, Errorf(ErrInvalid, "request body: %v", err))
 		return false
 	}
 	return true

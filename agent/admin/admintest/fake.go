@@ -106,7 +106,7 @@ func (f *Fake) Roles(context.Context) ([]admin.Role, error) {
 // Route implements admin.Backend.
 func (f *Fake) Route(_ context.Context, role string) (admin.Route, error) {
 	if role != "chat" {
-		return admin.Route{}, fmt.Errorf("role %q is not configured on this node: %w", role, admin.ErrNotFound)
+		return admin.Route{}, admin.Errorf(admin.ErrNotFound, "role %q is not configured on this node", role)
 	}
 	return admin.Route{
 		Role: "chat", Generation: 42, Serving: "a",
@@ -130,7 +130,7 @@ func (f *Fake) SetPolicy(_ context.Context, by admin.Caller, c admin.PolicyChang
 	switch c.Kind {
 	case admin.KindAcceptFrom, admin.KindServeTo, admin.KindExpose, admin.KindRevoke:
 	default:
-		return admin.PolicyResult{}, fmt.Errorf("unknown policy kind %q: %w", c.Kind, admin.ErrInvalid)
+		return admin.PolicyResult{}, admin.Errorf(admin.ErrInvalid, "unknown policy kind %q", c.Kind)
 	}
 	f.record(by, "policy %s %s %s %v", c.Kind, c.Role, c.Node, c.On)
 	o := admin.Override{Kind: c.Kind, Role: c.Role, Node: c.Node, On: c.On, At: T0.Add(2 * time.Hour), By: "uid 0 (root) pid 1", Active: true}
@@ -163,7 +163,7 @@ func (f *Fake) ResetPolicy(_ context.Context, by admin.Caller, pf admin.PolicyFi
 // Keyring implements admin.Backend.
 func (f *Fake) Keyring(context.Context) (admin.Keyring, error) {
 	if f.NoMesh {
-		return admin.Keyring{}, fmt.Errorf("the mesh is not configured on this node (mesh.bind): %w", admin.ErrNotConfigured)
+		return admin.Keyring{}, admin.Errorf(admin.ErrNotConfigured, "the mesh is not configured on this node (mesh.bind is empty)")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -181,7 +181,7 @@ func (f *Fake) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Keyri
 		primary := len(f.keys) > 0 && f.keys[0].Key == c.Key
 		f.mu.Unlock()
 		if primary {
-			return admin.Keyring{}, fmt.Errorf("the primary gossip key cannot be removed: %w", admin.ErrConflict)
+			return admin.Keyring{}, admin.Errorf(admin.ErrConflict, "the primary gossip key cannot be removed")
 		}
 	}
 	return f.Keyring(ctx)
@@ -222,7 +222,7 @@ func (f *Fake) Instances(context.Context) ([]admin.Instance, error) {
 // InstanceLogs implements admin.Backend.
 func (f *Fake) InstanceLogs(_ context.Context, role string, n int) ([]admin.LogLine, error) {
 	if role != "embed" {
-		return nil, fmt.Errorf("no managed instance for role %q: %w", role, admin.ErrNotFound)
+		return nil, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
 	}
 	lines := []admin.LogLine{
 		{Time: T0, Stream: "stdout", Line: "loading model"},
