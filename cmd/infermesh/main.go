@@ -3,12 +3,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/infermesh/infermesh/agent/admin"
 )
 
 // DefaultSocket is the agent's admin socket when neither --socket nor
@@ -23,8 +29,14 @@ func main() {
 type app struct {
 	json   bool
 	socket string
+	wait   time.Duration
 	out    io.Writer
 	errOut io.Writer
+}
+
+// client returns a client of the agent's admin socket.
+func (a *app) client() *admin.Client {
+	return admin.NewClient(a.socket, admin.ClientOptions{Wait: a.wait})
 }
 
 // print writes v as JSON with --json, else text.
@@ -59,6 +71,7 @@ func newRoot(a *app) *cobra.Command {
 	}
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON")
 	root.PersistentFlags().StringVar(&a.socket, "socket", socket, "agent admin socket (env INFERMESH_SOCKET)")
+	root.PersistentFlags().DurationVar(&a.wait, "wait", admin.DefaultWait, "how long to keep trying to reach an agent that is starting")
 	for _, f := range commands {
 		root.AddCommand(f(a))
 	}
@@ -69,7 +82,10 @@ func run(args []string, out, errOut io.Writer) int {
 	a := &app{out: out, errOut: errOut}
 	root := newRoot(a)
 	root.SetArgs(args)
-	if err := root.Execute(); err != nil {
+	// Ctrl-C ends a follow (events) cleanly.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(errOut, "infermesh:", err)
 		return 1
 	}

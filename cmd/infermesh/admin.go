@@ -1,0 +1,377 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/infermesh/infermesh/agent/admin"
+)
+
+// The commands that talk to the agent over its admin socket.
+
+func init() {
+	register(newStatusCmd)
+	register(newPeersCmd)
+	register(newRolesCmd)
+	register(newRouteCmd)
+	register(newAllowCmd)
+	register(newDenyCmd)
+	register(newServeToCmd)
+	register(newExposeCmd)
+	register(newUnexposeCmd)
+	register(newRevokeCmd)
+	register(newUnrevokeCmd)
+	register(newPolicyCmd)
+	register(newKeyringCmd)
+	register(newEventsCmd)
+	register(newReloadCmd)
+	register(newInstancesCmd)
+	register(newMetricsCmd)
+}
+
+// call runs f with a client of the socket and prints its answer with
+// render (or as JSON).
+func call[T any](a *app, cmd *cobra.Command, f func(*admin.Client, context.Context) (T, error), render func(T) string) error {
+	c := a.client()
+	defer c.Close()
+	v, err := f(c, cmd.Context())
+	if err != nil {
+		return err
+	}
+	if a.json {
+		enc := json.NewEncoder(a.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	_, err = fmt.Fprint(a.out, render(v))
+	return err
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the node: version, uptime, mesh, local and remote roles, placement generation",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Status, renderStatus)
+		},
+	}
+}
+
+func newPeersCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "peers",
+		Short: "List the mesh members and whether each is admitted",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Peers, renderPeers)
+		},
+	}
+}
+
+func newRolesCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "roles",
+		Short: "List the roles with their policy (and where each rule comes from) and the peers serving them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Roles, renderRoles)
+		},
+	}
+}
+
+func newRouteCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "route ROLE",
+		Short: "Explain which node serves a role now and why every other node does not",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Route, error) {
+				return c.Route(ctx, args[0])
+			}, renderRoute)
+		},
+	}
+}
+
+// setPolicy sends one policy change and prints the result.
+func setPolicy(a *app, cmd *cobra.Command, pc admin.PolicyChange) error {
+	return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.PolicyResult, error) {
+		return c.SetPolicy(ctx, pc)
+	}, renderPolicyResult)
+}
+
+func newAllowCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "allow ROLE NODE",
+		Short: "Let NODE serve ROLE to this node (consumer side, like accept_from)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: args[0], Node: args[1], On: true})
+		},
+	}
+}
+
+func newDenyCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "deny ROLE NODE",
+		Short: "Stop NODE from serving ROLE to this node, whatever the config says",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: args[0], Node: args[1], On: false})
+		},
+	}
+}
+
+func newServeToCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve-to",
+		Short: "Change the peers this node serves a role to (serving side, like serve_to)",
+	}
+	for _, op := range []struct {
+		use, short string
+		on         bool
+	}{
+		{"add ROLE PEER", "Serve ROLE to PEER (the role must also be exposed)", true},
+		{"remove ROLE PEER", "Stop serving ROLE to PEER, whatever the config says", false},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use:   op.use,
+			Short: op.short,
+			Args:  cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindServeTo, Role: args[0], Node: args[1], On: op.on})
+			},
+		})
+	}
+	return cmd
+}
+
+func newExposeCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "expose ROLE",
+		Short: "Let ROLE leave loopback: serve it to the peers on its serve list",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindExpose, Role: args[0], On: true})
+		},
+	}
+}
+
+func newUnexposeCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "unexpose ROLE",
+		Short: "Serve ROLE to no peer at all, whatever the config says",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindExpose, Role: args[0], On: false})
+		},
+	}
+}
+
+func newRevokeCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke NODE|PUBLIC_KEY",
+		Short: "Revoke a node (by name or base64 public key) at once; kept across restarts",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: true})
+		},
+	}
+}
+
+func newUnrevokeCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "unrevoke NODE|PUBLIC_KEY",
+		Short: "Lift a run-time revocation (those in trust.revoked stay until the config changes)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: false})
+		},
+	}
+}
+
+func newPolicyCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy",
+		Short: "List or reset the run-time policy overrides",
+		Long: `The config file is the baseline. Every run-time change (allow, deny,
+serve-to, expose, unexpose, revoke) is stored as an override of that one fact,
+kept across restarts and reloads, and applied on top of the config.
+'policy reset' drops overrides, so the config decides again.`,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the run-time overrides",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Policy, renderOverrides)
+		},
+	})
+	var f admin.PolicyFilter
+	reset := &cobra.Command{
+		Use:   "reset",
+		Short: "Drop run-time overrides (all, or those matching --kind, --role, --node)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.ResetResult, error) {
+				return c.ResetPolicy(ctx, f)
+			}, renderReset)
+		},
+	}
+	reset.Flags().StringVar(&f.Kind, "kind", "", "only this kind: accept_from, serve_to, expose, revoke")
+	reset.Flags().StringVar(&f.Role, "role", "", "only this role")
+	reset.Flags().StringVar(&f.Node, "node", "", "only this node")
+	cmd.AddCommand(reset)
+	return cmd
+}
+
+func newKeyringCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keyring",
+		Short: "Rotate the gossip encryption keys across the cluster",
+		Long: `Rotation: 'keyring install NEW' (every node learns it), wait until NEW is
+held by every node ('keyring list'), 'keyring use NEW', then
+'keyring remove OLD'. The primary key cannot be removed. Keys may be
+named by their fingerprint for use and remove.`,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the gossip keys and how many nodes hold each",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Keyring, renderKeyring)
+		},
+	})
+	for _, op := range []struct{ op, short string }{
+		{admin.KeyringInstall, "Install a key (base64, see 'keygen --gossip') for decryption on every node"},
+		{admin.KeyringUse, "Make an installed key the primary (encrypting) key"},
+		{admin.KeyringRemove, "Remove a key that is not the primary"},
+	} {
+		cmd.AddCommand(&cobra.Command{
+			Use:   op.op + " KEY",
+			Short: op.short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Keyring, error) {
+					return c.ChangeKeyring(ctx, admin.KeyringChange{Op: op.op, Key: args[0]})
+				}, renderKeyring)
+			},
+		})
+	}
+	return cmd
+}
+
+func newEventsCmd(a *app) *cobra.Command {
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Follow the audit stream: policy changes, refusals, joins, leaves (recent history first)",
+		Long: `events prints the agent's recent audit history, then follows new events
+until interrupted. With --json each event is one JSON object per line.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := a.client()
+			defer c.Close()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			n := 0
+			errLimit := errors.New("limit reached")
+			err := c.Events(ctx, func(e admin.Event) error {
+				var line string
+				if a.json {
+					b, err := json.Marshal(e)
+					if err != nil {
+						return err
+					}
+					line = string(b) + "\n"
+				} else {
+					line = renderEvent(e)
+				}
+				if _, err := fmt.Fprint(a.out, line); err != nil {
+					return err
+				}
+				n++
+				if limit > 0 && n >= limit {
+					return errLimit
+				}
+				return nil
+			})
+			if errors.Is(err, errLimit) {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVarP(&limit, "limit", "n", 0, "stop after this many events (0: follow until interrupted)")
+	return cmd
+}
+
+func newReloadCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "reload",
+		Short: "Re-read the config file (as SIGHUP does) and report what changed",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Reload, renderReload)
+		},
+	}
+}
+
+func newInstancesCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "instances",
+		Short: "List the managed local instances",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, (*admin.Client).Instances, renderInstances)
+		},
+	}
+	var n int
+	logs := &cobra.Command{
+		Use:   "logs ROLE",
+		Short: "Show the recent log lines of a role's instance",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.LogLine, error) {
+				return c.InstanceLogs(ctx, args[0], n)
+			}, renderLogs)
+		},
+	}
+	logs.Flags().IntVarP(&n, "lines", "n", 100, "how many lines (0: all kept)")
+	cmd.AddCommand(logs)
+	return cmd
+}
+
+func newMetricsCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "metrics",
+		Short: "Print the agent's Prometheus metrics (text format)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.json {
+				return errors.New("metrics are in the Prometheus text format; --json does not apply")
+			}
+			c := a.client()
+			defer c.Close()
+			text, err := c.Metrics(cmd.Context())
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(a.out, text)
+			return err
+		},
+	}
+}
+
+// joinOr joins xs, or returns dash when there are none.
+func joinOr(xs []string, dash string) string {
+	if len(xs) == 0 {
+		return dash
+	}
+	return strings.Join(xs, ", ")
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/infermesh/infermesh/agent/admin"
+)
+
+// Human output. Every renderer is a pure function of the answer, so the
+// golden tests pin the layout.
+
+// table renders rows (the first is the header) with tabwriter.
+func table(rows [][]string) string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+	return b.String()
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func fmtSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+func renderStatus(s admin.Status) string {
+	mesh := s.Mesh.State
+	if s.Mesh.State != "disabled" {
+		mesh = fmt.Sprintf("%s: %d member(s), %d admitted, gossip %s", s.Mesh.State, s.Mesh.Members, s.Mesh.Admitted, s.Mesh.GossipAddr)
+	}
+	var remote []string
+	for _, r := range s.RemoteRoles {
+		remote = append(remote, r.Role+" via "+strings.Join(r.Nodes, ", "))
+	}
+	cfg := s.Config
+	if cfg == "" {
+		cfg = "(built in)"
+	}
+	return table([][]string{
+		{"node", s.Node},
+		{"version", s.Version},
+		{"started", fmtTime(s.Started)},
+		{"uptime", fmtSeconds(s.UptimeSeconds)},
+		{"config", cfg},
+		{"generation", strconv.FormatUint(s.Generation, 10)},
+		{"mesh", mesh},
+		{"local roles", joinOr(s.LocalRoles, "-")},
+		{"remote roles", strings.Join(orDash(remote), "; ")},
+		{"overrides", strconv.Itoa(s.Overrides)},
+	})
+}
+
+func orDash(xs []string) []string {
+	if len(xs) == 0 {
+		return []string{"-"}
+	}
+	return xs
+}
+
+func renderPeers(ps []admin.Peer) string {
+	rows := [][]string{{"NAME", "STATE", "SCOPE", "GOSSIP", "QUIC", "ROLES", "WHY"}}
+	for _, p := range ps {
+		rows = append(rows, []string{
+			p.Name, p.State, dash(p.Scope), dash(p.GossipAddr), dash(p.QUICAddr), joinOr(p.Roles, "-"), dash(p.Why),
+		})
+	}
+	return table(rows)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// ruleText shows one rule: "b" from the config, "c (runtime)" added at run
+// time, "-c (runtime)" removed at run time.
+func ruleText(r admin.Rule) string {
+	s := r.Node
+	if !r.On {
+		s = "-" + s
+	}
+	if r.Source == admin.SourceRuntime {
+		s += " (runtime)"
+	}
+	return s
+}
+
+func rulesText(rs []admin.Rule) string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, ruleText(r))
+	}
+	return joinOr(out, "-")
+}
+
+func renderRoles(rs []admin.Role) string {
+	rows := [][]string{{"ROLE", "ADDR", "LOCAL", "EXPOSED", "SERVE TO", "ACCEPT FROM", "REMOTES"}}
+	for _, r := range rs {
+		local := "-"
+		if r.Local != nil {
+			local = r.Local.Base
+			if r.Local.Model != "" {
+				local += " (" + r.Local.Model + ")"
+			}
+		}
+		exposed := "no"
+		if r.Expose.On {
+			exposed = "yes"
+		}
+		exposed += " (" + r.Expose.Source + ")"
+		var remotes []string
+		for _, ad := range r.Remotes {
+			state := fmt.Sprintf("load %d, %s", ad.Load, fmtSeconds(ad.AgeSeconds))
+			if !ad.Fresh {
+				state = "stale, " + fmtSeconds(ad.AgeSeconds)
+			}
+			remotes = append(remotes, ad.Node+" ("+state+")")
+		}
+		rows = append(rows, []string{
+			r.Name, dash(r.Addr), local, exposed, rulesText(r.ServeTo), rulesText(r.AcceptFrom), joinOr(remotes, "-"),
+		})
+	}
+	return table(rows)
+}
+
+func renderRoute(rt admin.Route) string {
+	var b strings.Builder
+	if rt.Serving != "" {
+		fmt.Fprintf(&b, "role %s is served by %s (generation %d)\n", rt.Role, rt.Serving, rt.Generation)
+	} else {
+		fmt.Fprintf(&b, "role %s: no node serves it now (generation %d)\n", rt.Role, rt.Generation)
+	}
+	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "ADVERT", "WHY NOT"}}
+	for _, d := range rt.Decisions {
+		rank := "-"
+		if d.Candidate {
+			rank = strconv.Itoa(d.Rank)
+		}
+		advert := "-"
+		if d.HasAdvert {
+			advert = fmtSeconds(d.AgeSeconds) + " old"
+		}
+		load := "-"
+		if d.Candidate || d.HasAdvert {
+			load = strconv.FormatUint(uint64(d.Load), 10)
+		}
+		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(strings.Join(d.Reasons, "; "))})
+	}
+	b.WriteString(table(rows))
+	return b.String()
+}
+
+func overrideText(o admin.Override) string {
+	switch o.Kind {
+	case admin.KindExpose:
+		if o.On {
+			return "expose " + o.Role
+		}
+		return "unexpose " + o.Role
+	case admin.KindRevoke:
+		if o.On {
+			return "revoke " + o.Node
+		}
+		return "unrevoke " + o.Node
+	case admin.KindServeTo:
+		if o.On {
+			return fmt.Sprintf("serve %s to %s", o.Role, o.Node)
+		}
+		return fmt.Sprintf("do not serve %s to %s", o.Role, o.Node)
+	case admin.KindAcceptFrom:
+		if o.On {
+			return fmt.Sprintf("allow %s to serve %s", o.Node, o.Role)
+		}
+		return fmt.Sprintf("deny %s serving %s", o.Node, o.Role)
+	}
+	return fmt.Sprintf("%s %s %s %v", o.Kind, o.Role, o.Node, o.On)
+}
+
+func renderPolicyResult(r admin.PolicyResult) string {
+	var b strings.Builder
+	b.WriteString(overrideText(r.Override))
+	if r.Changed {
+		b.WriteString(": done\n")
+	} else {
+		b.WriteString(": already in force\n")
+	}
+	if r.Note != "" {
+		b.WriteString("note: " + r.Note + "\n")
+	}
+	return b.String()
+}
+
+func renderOverrides(os []admin.Override) string {
+	if len(os) == 0 {
+		return "no run-time overrides: the config file decides\n"
+	}
+	rows := [][]string{{"KIND", "ROLE", "NODE", "ON", "OVERRIDE", "BY", "AT"}}
+	for _, o := range os {
+		what := overrideText(o)
+		if !o.Active {
+			what += " (inactive: role not in the config)"
+		}
+		rows = append(rows, []string{o.Kind, dash(o.Role), dash(o.Node), strconv.FormatBool(o.On), what, dash(o.By), fmtTime(o.At)})
+	}
+	return table(rows)
+}
+
+func renderReset(r admin.ResetResult) string {
+	if len(r.Removed) == 0 {
+		return "no override matched; nothing changed\n"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "removed %d override(s); the config decides again:\n", len(r.Removed))
+	for _, o := range r.Removed {
+		b.WriteString("  " + overrideText(o) + "\n")
+	}
+	return b.String()
+}
+
+func renderKeyring(k admin.Keyring) string {
+	rows := [][]string{{"FINGERPRINT", "PRIMARY", "NODES", "KEY"}}
+	for _, g := range k.Keys {
+		primary := ""
+		if g.Primary {
+			primary = "yes"
+		}
+		rows = append(rows, []string{g.Fingerprint, dash(primary), fmt.Sprintf("%d/%d", g.Nodes, k.Members), dash(g.Key)})
+	}
+	return table(rows)
+}
+
+func renderEvent(e admin.Event) string {
+	parts := []string{fmtTime(e.Time), e.Kind}
+	if e.Role != "" {
+		parts = append(parts, "role="+e.Role)
+	}
+	if e.Node != "" {
+		parts = append(parts, "node="+e.Node)
+	}
+	keys := make([]string, 0, len(e.Fields))
+	for k := range e.Fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := e.Fields[k]
+		if strings.ContainsAny(v, " \t\"=") {
+			v = strconv.Quote(v)
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, " ") + "\n"
+}
+
+func renderReload(r admin.ReloadResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "reloaded %s (generation %d)\n", r.Config, r.Generation)
+	if len(r.Applied) == 0 && len(r.NeedsRestart) == 0 {
+		b.WriteString("nothing changed\n")
+		return b.String()
+	}
+	if len(r.Applied) > 0 {
+		b.WriteString("applied:\n")
+		for _, s := range r.Applied {
+			b.WriteString("  " + s + "\n")
+		}
+	}
+	if len(r.NeedsRestart) > 0 {
+		b.WriteString("needs a restart to take effect:\n")
+		for _, s := range r.NeedsRestart {
+			b.WriteString("  " + s + "\n")
+		}
+	}
+	return b.String()
+}
+
+func renderInstances(is []admin.Instance) string {
+	rows := [][]string{{"ROLE", "STATE", "IMAGE", "ENDPOINT", "RESTARTS", "SINCE", "CONTAINER", "LAST ERROR"}}
+	for _, i := range is {
+		rows = append(rows, []string{i.Role, i.State, dash(i.Image), dash(i.Endpoint), strconv.Itoa(i.Restarts), fmtTime(i.Since), dash(i.Ref), dash(i.LastError)})
+	}
+	return table(rows)
+}
+
+func renderLogs(ls []admin.LogLine) string {
+	var b strings.Builder
+	for _, l := range ls {
+		fmt.Fprintf(&b, "%s %s %s\n", fmtTime(l.Time), l.Stream, l.Line)
+	}
+	return b.String()
+}
