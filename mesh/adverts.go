@@ -326,6 +326,10 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 	if m.sink == nil {
 		return
 	}
+	if m.selfScope() != ScopeFull {
+		// Consumers may not serve: nobody would hear our adverts.
+		return
+	}
 	now := time.Now()
 	refresh := m.cfg.AdvertTTL / 3
 	// A load change alone is sent at most this often.

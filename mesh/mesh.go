@@ -306,7 +306,7 @@ func (m *Mesh) Members() []PeerInfo {
 	m.mu.RUnlock()
 	out = append(out, PeerInfo{
 		Name: m.name, GossipAddr: m.GossipAddr(), QUICAddr: m.cfg.QUICAddr, PublicKey: m.pub,
-		Scope: ScopeFull, Admitted: true, Self: true,
+		Scope: m.selfScope(), Admitted: true, Self: true,
 	})
 	slices.SortFunc(out, func(a, b PeerInfo) int {
 		switch {
@@ -321,10 +321,10 @@ func (m *Mesh) Members() []PeerInfo {
 }
 
 // scopeOf returns node's scope now, or 0 and why it is not admitted. This
-// node is admitted with ScopeFull by definition.
+// node is admitted by definition, with selfScope.
 func (m *Mesh) scopeOf(node string) (Scope, string, *peer) {
 	if node == m.name {
-		return ScopeFull, "", nil
+		return m.selfScope(), "", nil
 	}
 	m.mu.RLock()
 	p, t := m.peers[node], m.trust
@@ -334,6 +334,21 @@ func (m *Mesh) scopeOf(node string) (Scope, string, *peer) {
 	}
 	s, why := t.admit(node, p.meta.key, p.meta.cert, p.certOK, m.cfg.Now())
 	return s, why, p
+}
+
+// selfScope is this node's own scope as the others will see it: its static
+// trust entry if our trust lists us, else its certificate's, else full.
+func (m *Mesh) selfScope() Scope {
+	m.mu.RLock()
+	t := m.trust
+	m.mu.RUnlock()
+	if s, ok := t.static[m.name]; ok && s.PublicKey.Equal(m.pub) {
+		return s.Scope
+	}
+	if m.cert != nil {
+		return m.cert.Scope
+	}
+	return ScopeFull
 }
 
 // IsAdmitted reports whether node is a live member admitted right now (any

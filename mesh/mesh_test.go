@@ -187,7 +187,19 @@ func TestUntrustedNodesAreRefused(t *testing.T) {
 	cons.serve(t, "chat", "")
 	a.tab.AllowRemoteNode("chat", "consumer", true)
 	cons.join(t, a)
+	eventually(t, 2*time.Second, "a admits consumer", func() bool { return a.m.IsAdmitted("consumer") })
+	time.Sleep(100 * time.Millisecond)
+	if cons.m.bcast.NumQueued() != 0 || heldAdvert(a, "consumer", "chat").seq != 0 {
+		t.Error("a consumer-scope node advertised a role")
+	}
+	// Were it to advertise anyway, nobody would hear it.
+	if err := cons.m.publish(advertBody{Role: "chat", API: "openai"}); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 2*time.Second, "a refuses consumer's advert", func() bool { return a.refusals(reasonNotFullScope) >= 1 })
+	if a.resolvesTo("chat", "consumer") {
+		t.Error("a resolves chat to a consumer-scope node")
+	}
 	if !a.m.IsAdmitted("consumer") || a.m.MayServe("consumer") {
 		t.Errorf("consumer: IsAdmitted=%v MayServe=%v, want true, false", a.m.IsAdmitted("consumer"), a.m.MayServe("consumer"))
 	}

@@ -31,14 +31,18 @@ type Result struct {
 	// Death is the time from the origin dying (no leave) until no node
 	// resolves its role any more.
 	Death time.Duration
+	// Refusals sums every node's refusal counters at the end of the advert
+	// phase (unknown_origin there means nodes had wrongly declared the
+	// origin dead: an overloaded host).
+	Refusals map[string]uint64
 	// Config is the mesh configuration used (node-specific fields zeroed).
 	Config mesh.Config
 }
 
 func (r Result) String() string {
 	c := r.Config
-	return fmt.Sprintf("N=%d membership=%v advert=%v death=%v (gossip=%v probe=%v/%v suspicion_mult=%d retransmit_mult=%d pushpull=%v ttl=%v)",
-		r.N, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.Death.Round(time.Millisecond),
+	return fmt.Sprintf("N=%d membership=%v advert=%v death=%v refusals=%v (gossip=%v probe=%v/%v suspicion_mult=%d retransmit_mult=%d pushpull=%v ttl=%v)",
+		r.N, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.Death.Round(time.Millisecond), r.Refusals,
 		c.GossipInterval, c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult, c.RetransmitMult, c.PushPullInterval, c.AdvertTTL)
 }
 
@@ -150,6 +154,12 @@ func Measure(ctx context.Context, n int, tune func(*mesh.Config)) (Result, error
 		return res, fmt.Errorf("advert: %w", err)
 	}
 	res.Advert = time.Since(start)
+	res.Refusals = map[string]uint64{}
+	for _, m := range meshes {
+		for k, v := range m.Refusals() {
+			res.Refusals[k] += v
+		}
+	}
 
 	start = time.Now()
 	meshes[0].Close()

@@ -13,13 +13,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fast is a loopback-tuned profile (memberlist's DefaultLocalConfig-like).
+// fast is a loopback-tuned profile, like memberlist's DefaultLocalConfig
+// except RetransmitMult: at its 2, broadcasts (alive messages and adverts
+// alike) die out before reaching everyone and convergence falls back to
+// push/pull (measured: 23 s for an advert at N=50 instead of under 1 s).
 func fast(c *mesh.Config) {
 	c.GossipInterval = 100 * time.Millisecond
 	c.ProbeInterval = 200 * time.Millisecond
 	c.ProbeTimeout = 100 * time.Millisecond
 	c.SuspicionMult = 3
-	c.RetransmitMult = 2
+	c.RetransmitMult = 4
 	c.TCPTimeout = time.Second
 	c.PushPullInterval = 15 * time.Second
 }
@@ -41,11 +44,15 @@ func TestMeasureSmall(t *testing.T) {
 // advert to reach every node and for a dead node's role to stop resolving
 // everywhere, with the LAN defaults and with the loopback profile.
 func BenchmarkAdvertConvergence(b *testing.B) {
+	// The loopback profile probes 5 times a second: from N=50 on, 2 shared
+	// cores cannot keep up, probes time out and nodes are wrongly declared
+	// dead, so it is measured at N=10 only.
 	for _, profile := range []struct {
 		name string
 		tune func(*mesh.Config)
-	}{{"lan", nil}, {"local", fast}} {
-		for _, n := range []int{10, 50, 100} {
+		ns   []int
+	}{{"lan", nil, []int{10, 50, 100}}, {"local", fast, []int{10}}} {
+		for _, n := range profile.ns {
 			b.Run(fmt.Sprintf("%s/N=%d", profile.name, n), func(b *testing.B) {
 				var advert, death time.Duration
 				for b.Loop() {
