@@ -1073,15 +1073,28 @@ func (ad *Admin) countRefusals(ctx context.Context, ch <-chan Event) {
 			if !ok {
 				return
 			}
-			if strings.HasSuffix(e.Kind, ".refused") {
-				why := e.Fields["why"]
-				if why == "" {
-					why = e.Kind
-				}
-				ad.metrics.Refused(why)
+			if reason, ok := refusalReason(e); ok {
+				ad.metrics.Refused(reason)
 			}
 		}
 	}
+}
+
+// refusalReason is the metrics label of an audited refusal. The mesh's
+// own refusals are left out: it counts them itself (every one, where its
+// audit is rate-limited) and they are exported as
+// infermesh_mesh_refusals_total. Admin refusals carry the caller in their
+// why, so they get one fixed label.
+func refusalReason(e Event) (string, bool) {
+	switch {
+	case !strings.HasSuffix(e.Kind, ".refused") || strings.HasPrefix(e.Kind, "mesh."):
+		return "", false
+	case e.Kind == AuditAdminRefused:
+		return "admin_forbidden", true
+	case e.Fields["why"] != "":
+		return e.Fields["why"], true
+	}
+	return e.Kind, true
 }
 
 func (ad *Admin) stopServers() {

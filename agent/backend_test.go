@@ -19,6 +19,7 @@ import (
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/placement"
 )
 
 // freePort returns a loopback port nobody listens on right now.
@@ -527,10 +528,18 @@ func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 		t.Errorf("Events after cancel = %v, want nil", err)
 	}
 
-	text, err := aa.client.Metrics(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A refused advert (this table has no admission: no mesh) is counted.
+	_ = aa.a.Table().IngestAdvertisement("b", placement.Advert{Name: "infer.chat", Node: "b"})
+	wantRefusal := `infermesh_refusals_total{reason="no mesh (no admission configured)"} 1`
+	var text string
+	waitFor(t, "the refusal counted", func() bool {
+		var err error
+		text, err = aa.client.Metrics(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(text, wantRefusal)
+	})
 	for _, want := range []string{"infermesh_build_info", `infermesh_peers{state="admitted"} 1`, `infermesh_mesh_refusals_total{reason="bad_signature"} 2`} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics on the socket lacks %q", want)
@@ -548,5 +557,24 @@ func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "infermesh_build_info") {
 		t.Errorf("GET /metrics on %s = %d", addr, resp.StatusCode)
+	}
+}
+
+func TestRefusalReason(t *testing.T) {
+	tests := []struct {
+		e      Event
+		reason string
+		ok     bool
+	}{
+		{Event{Kind: placement.AuditPeerRefused, Fields: map[string]string{"why": "peer not on the role's serve list"}}, "peer not on the role's serve list", true},
+		{Event{Kind: AuditAdminRefused, Fields: map[string]string{"why": "uid 1000 may only read"}}, "admin_forbidden", true},
+		{Event{Kind: mesh.AuditNodeRefused, Fields: map[string]string{"why": "unadmitted_node"}}, "", false},
+		{Event{Kind: placement.AuditRemoteAllow}, "", false},
+		{Event{Kind: "x.refused"}, "x.refused", true},
+	}
+	for _, tt := range tests {
+		if got, ok := refusalReason(tt.e); got != tt.reason || ok != tt.ok {
+			t.Errorf("refusalReason(%s) = %q, %v; want %q, %v", tt.e.Kind, got, ok, tt.reason, tt.ok)
+		}
 	}
 }
