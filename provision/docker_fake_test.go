@@ -437,3 +437,34 @@ type memIntents map[string]NodeSpec
 func (m memIntents) PutIntent(ref string, s NodeSpec) error { m[ref] = s; return nil }
 func (m memIntents) DeleteIntent(ref string) error          { delete(m, ref); return nil }
 func (m memIntents) Intents() (map[string]NodeSpec, error)  { return m, nil }
+
+func TestManagerRunTwiceAndCancel(t *testing.T) {
+	p := fakeProvider(t, &fakeDocker{})
+	m, err := NewManager(ManagerConfig{Provider: p, Intents: memIntents{}, Registrar: nopRegistrar{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.mu.Lock()
+		running := m.running
+		m.mu.Unlock()
+		if running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Run never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := m.Run(ctx); !errors.Is(err, ErrRunning) {
+		t.Errorf("second Run = %v, want ErrRunning", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after cancel = %v, want nil", err)
+	}
+}
