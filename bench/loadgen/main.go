@@ -1,0 +1,204 @@
+// Command loadgen is infermesh's benchmark load generator. bench/run.sh
+// starts the upstream (the demo model) and the contenders (the upstream
+// itself, infermeshd, nginx, haproxy, ...), writes their addresses to a JSON
+// file and runs loadgen on it. loadgen warms every contender up, runs each
+// workload as interleaved repetitions (A B C D A B C D ...), takes the
+// median over repetitions of each figure (and of each difference and ratio
+// to the direct path and to nginx, computed within a repetition), measures
+// mesh convergence through mesh/meshbench, and prints and writes a markdown
+// and a JSON report.
+//
+// It exits 1 when the harness breaks: a contender answers with an error, a
+// response is malformed, or a stream is cut. Speed is never asserted.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Target is one endpoint of a contender: where to send requests and the
+// model name to ask for.
+type Target struct {
+	Addr  string `json:"addr"`
+	Model string `json:"model"`
+}
+
+// Contender is one path under test, as bench/run.sh describes it.
+type Contender struct {
+	// Name is the short name used in tables ("direct", "infermesh", ...).
+	Name string `json:"name"`
+	// Desc says what the path is.
+	Desc string `json:"desc"`
+	// Missing, when set, says why the contender is not measured
+	// (e.g. "not built yet"); it is listed as n/a.
+	Missing string `json:"missing,omitempty"`
+	// Fast serves small completions at once; Stream streams the paced
+	// deltas; Many streams the slow deltas of the concurrent-streams
+	// workload.
+	Fast   Target `json:"fast"`
+	Stream Target `json:"stream"`
+	Many   Target `json:"many"`
+	// PID is the process whose RSS is sampled while streams are open
+	// (0: not sampled).
+	PID int `json:"pid"`
+}
+
+// Params are the workload sizes.
+type Params struct {
+	Quick        bool          `json:"quick"`
+	Reps         int           `json:"reps"`
+	Warmup       time.Duration `json:"warmup"`
+	LatencyDur   time.Duration `json:"latency_dur"`
+	ThroughDur   time.Duration `json:"throughput_dur"`
+	Conc         int           `json:"concurrency"`
+	StreamReps   int           `json:"stream_reps"`
+	StreamDur    time.Duration `json:"stream_dur"`
+	StreamConc   int           `json:"stream_concurrency"`
+	StreamTokens int           `json:"stream_tokens"`
+	StreamDelay  time.Duration `json:"stream_delay"`
+	ManyLevels   []int         `json:"many_levels"`
+	ManyTokens   int           `json:"many_tokens"`
+	ManyDelay    time.Duration `json:"many_delay"`
+	ManyRate     int           `json:"many_open_rate"`
+	StallAfter   time.Duration `json:"stall_after"`
+	MeshNodes    []int         `json:"mesh_nodes"`
+	MeshTimeout  time.Duration `json:"mesh_timeout"`
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	contendersPath := fs.String("contenders", "", "JSON file listing the contenders (written by bench/run.sh)")
+	outDir := fs.String("out", "bench/results", "directory for the markdown and JSON reports")
+	quick := fs.Bool("quick", false, "the quick mode (under a minute; keeps the harness working)")
+	meta := fs.String("meta", "", "JSON object of extra facts for the report header (versions, ...)")
+	var p Params
+	fs.IntVar(&p.StreamTokens, "stream-tokens", 64, "deltas per stream of the streaming workload (the upstream's -tokens)")
+	fs.DurationVar(&p.StreamDelay, "stream-delay", 20*time.Millisecond, "delay between deltas of the streaming workload (the upstream's -token-delay)")
+	fs.IntVar(&p.ManyTokens, "many-tokens", 24, "deltas per stream of the concurrent-streams workload")
+	fs.DurationVar(&p.ManyDelay, "many-delay", 250*time.Millisecond, "delay between deltas of the concurrent-streams workload")
+	skipMesh := fs.Bool("skip-mesh", false, "do not measure mesh convergence")
+	freePorts := fs.Int("free-ports", 0, "print this many free loopback TCP ports and exit (for bench/run.sh)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *freePorts > 0 {
+		return printFreePorts(*freePorts)
+	}
+	if *contendersPath == "" {
+		return errors.New("-contenders is required")
+	}
+	raw, err := os.ReadFile(*contendersPath)
+	if err != nil {
+		return err
+	}
+	var cs []Contender
+	if err := json.Unmarshal(raw, &cs); err != nil {
+		return fmt.Errorf("%s: %w", *contendersPath, err)
+	}
+	if len(cs) == 0 || cs[0].Name != "direct" || cs[0].Missing != "" {
+		return errors.New("the first contender must be the measured direct path")
+	}
+	extra := map[string]string{}
+	if *meta != "" {
+		if err := json.Unmarshal([]byte(*meta), &extra); err != nil {
+			return fmt.Errorf("-meta: %w", err)
+		}
+	}
+
+	p.Quick = *quick
+	p.Conc = 64
+	p.StreamConc = 16
+	p.StallAfter = time.Second
+	if p.Quick {
+		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 2, 200*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
+		p.StreamReps, p.StreamDur = 1, time.Duration(p.StreamTokens)*p.StreamDelay/2
+		p.ManyLevels, p.ManyRate = []int{512}, 2000
+		p.MeshNodes, p.MeshTimeout = []int{10}, 20*time.Second
+	} else {
+		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 7, 2*time.Second, 1500*time.Millisecond, 1500*time.Millisecond
+		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
+		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 4000
+		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 90*time.Second
+	}
+	if *skipMesh {
+		p.MeshNodes = nil
+	}
+
+	b := newBench(cs, p)
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	b.runAll(ctx)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	rep := b.report(extra)
+	md := rep.Markdown()
+	fmt.Print(md)
+
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		return err
+	}
+	stamp := rep.Started.UTC().Format("20060102-150405")
+	mode := "full"
+	if p.Quick {
+		mode = "quick"
+	}
+	base := filepath.Join(*outDir, stamp+"-"+mode)
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	for path, data := range map[string][]byte{
+		base + ".md": []byte(md), base + ".json": js,
+		filepath.Join(*outDir, "latest-"+mode+".md"): []byte(md), filepath.Join(*outDir, "latest-"+mode+".json"): js,
+	} {
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nwritten: %s.md, %s.json\n", base, base)
+	if n := rep.Errors(); n > 0 {
+		return fmt.Errorf("the harness saw %d error(s); see the report", n)
+	}
+	return nil
+}
+
+// printFreePorts prints n distinct loopback ports that were free a moment
+// ago, one a line.
+func printFreePorts(n int) error {
+	lns := make([]net.Listener, 0, n)
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		lns = append(lns, ln)
+		fmt.Println(ln.Addr().(*net.TCPAddr).Port)
+	}
+	return nil
+}

@@ -1,0 +1,514 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/mesh/meshbench"
+)
+
+// meshProfile tunes the mesh for the convergence measurement; nil runs
+// mesh.DefaultConfig, what a deployment runs.
+var (
+	meshProfile     func(*mesh.Config)
+	meshProfileName = "default (LAN)"
+)
+
+const chatPath = "/v1/chat/completions"
+
+// smallBody is a small non-streaming chat completion (what an SDK sends for
+// a short prompt); streamBody asks for the upstream's whole stream.
+func smallBody(model string) []byte {
+	return []byte(`{"model":` + strconv.Quote(model) + `,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in five words."}],"max_tokens":16,"temperature":0}`)
+}
+
+func streamBody(model string) []byte {
+	return []byte(`{"model":` + strconv.Quote(model) + `,"stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Tell me a story."}],"temperature":0}`)
+}
+
+// latRep is one repetition's latency figures.
+type latRep struct {
+	P50, P99 time.Duration
+	N        int
+}
+
+// manyRes is one concurrent-streams run.
+type manyRes struct {
+	Streams       int     `json:"streams"`
+	Completed     int     `json:"completed"`
+	PeakOpen      int     `json:"peak_open"`
+	StalledFrames int     `json:"stalled_frames"`
+	DroppedFrames int     `json:"dropped_frames"`
+	Failed        int     `json:"failed_streams"`
+	RSSBeforeKiB  int64   `json:"rss_before_kib"`
+	RSSPeakKiB    int64   `json:"rss_peak_kib"`
+	KiBPerStream  float64 `json:"kib_per_stream"`
+	Duration      string  `json:"duration"`
+}
+
+// contRes holds every repetition of every workload of one contender.
+type contRes struct {
+	Lat     []latRep
+	LatRPS  []float64
+	Thr     []float64
+	TTFT    []latRep
+	Gap     []latRep // inter-delta gap minus the pacing delay
+	Many    []manyRes
+	Errors  int
+	ErrList []string
+}
+
+type bench struct {
+	cs      []Contender
+	p       Params
+	res     []*contRes
+	mu      sync.Mutex // guards res[*].Errors and ErrList
+	started time.Time
+	mesh    []meshRes
+}
+
+type meshRes struct {
+	N          int    `json:"n"`
+	Membership string `json:"membership,omitempty"`
+	Advert     string `json:"advert,omitempty"`
+	Death      string `json:"death,omitempty"`
+	Err        string `json:"error,omitempty"`
+	Profile    string `json:"profile"`
+}
+
+func newBench(cs []Contender, p Params) *bench {
+	b := &bench{cs: cs, p: p, started: time.Now()}
+	for range cs {
+		b.res = append(b.res, &contRes{})
+	}
+	return b
+}
+
+func (b *bench) fail(ci int, format string, args ...any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.res[ci]
+	r.Errors++
+	if len(r.ErrList) < 10 {
+		r.ErrList = append(r.ErrList, fmt.Sprintf(format, args...))
+	}
+}
+
+// live returns the indexes of the measured contenders.
+func (b *bench) live() []int {
+	var out []int
+	for i, c := range b.cs {
+		if c.Missing == "" {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// check sends one request of each kind to every contender and verifies the
+// answers: status 200, the model the client asked for echoed back, the
+// whole stream with [DONE].
+func (b *bench) check(ctx context.Context) error {
+	live := b.live()
+	errs := make([]error, len(live))
+	var wg sync.WaitGroup
+	for i, ci := range live {
+		wg.Go(func() { errs[i] = b.checkOne(ctx, b.cs[ci]) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (b *bench) checkOne(ctx context.Context, c Contender) error {
+	{
+		cn, err := dial(ctx, c.Fast.Addr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		var body []byte
+		st, err := cn.do(buildRequest(c.Fast.Addr, chatPath, smallBody(c.Fast.Model)), &body)
+		cn.Close()
+		if err != nil || st != 200 {
+			return fmt.Errorf("%s: check request: status %d, err %v, body %q", c.Name, st, err, body)
+		}
+		if want := `"model":` + strconv.Quote(c.Fast.Model); !bytes.Contains(body, []byte(want)) {
+			return fmt.Errorf("%s: check request: response %q lacks %s", c.Name, body, want)
+		}
+		for _, t := range []struct {
+			tg     Target
+			tokens int
+		}{{c.Stream, b.p.StreamTokens}, {c.Many, b.p.ManyTokens}} {
+			cn, err := dial(ctx, t.tg.Addr)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.Name, err)
+			}
+			var frames []frame
+			st, err = cn.stream(buildRequest(t.tg.Addr, chatPath, streamBody(t.tg.Model)), true, func(f frame) { frames = append(frames, f) })
+			cn.Close()
+			if err != nil || st != 200 {
+				return fmt.Errorf("%s: check stream on %s: status %d, err %v", c.Name, t.tg.Addr, st, err)
+			}
+			// tokens deltas, the finish chunk, [DONE]
+			if len(frames) != t.tokens+2 {
+				return fmt.Errorf("%s: check stream on %s: %d data events, want %d (is the upstream's -tokens %d?)", c.Name, t.tg.Addr, len(frames), t.tokens+2, t.tokens)
+			}
+			want := []byte(`"model":` + strconv.Quote(t.tg.Model))
+			for _, f := range frames[:len(frames)-1] {
+				if !bytes.Contains(f.data, want) {
+					return fmt.Errorf("%s: check stream: event %q lacks %s", c.Name, f.data, want)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (b *bench) runAll(ctx context.Context) {
+	live := b.live()
+	logf("warm-up: %v per contender", b.p.Warmup)
+	for _, ci := range live {
+		b.throughputRep(ctx, ci, b.p.Warmup, false)
+		b.latencyRep(ctx, ci, b.p.Warmup/2, false)
+	}
+	logf("c=1 latency and c=%d throughput: %d interleaved repetitions", b.p.Conc, b.p.Reps)
+	for rep := 0; rep < b.p.Reps && ctx.Err() == nil; rep++ {
+		for _, ci := range live {
+			b.latencyRep(ctx, ci, b.p.LatencyDur, true)
+		}
+		for _, ci := range live {
+			b.throughputRep(ctx, ci, b.p.ThroughDur, true)
+		}
+	}
+	logf("streaming: %d interleaved repetitions of %d concurrent streams, %d deltas %v apart", b.p.StreamReps, b.p.StreamConc, b.p.StreamTokens, b.p.StreamDelay)
+	for rep := 0; rep < b.p.StreamReps && ctx.Err() == nil; rep++ {
+		for _, ci := range live {
+			b.streamRep(ctx, ci, b.p.StreamDur)
+		}
+	}
+	for _, n := range b.p.ManyLevels {
+		for _, ci := range live {
+			if ctx.Err() != nil {
+				return
+			}
+			logf("concurrent streams: %s, %d streams", b.cs[ci].Name, n)
+			r := b.manyRun(ctx, ci, n)
+			b.res[ci].Many = append(b.res[ci].Many, r)
+			logf("  completed %d/%d, peak open %d, stalled frames %d, dropped frames %d, rss %d -> %d KiB", r.Completed, r.Streams, r.PeakOpen, r.StalledFrames, r.DroppedFrames, r.RSSBeforeKiB, r.RSSPeakKiB)
+		}
+	}
+	for _, n := range b.p.MeshNodes {
+		if ctx.Err() != nil {
+			return
+		}
+		logf("mesh: advert convergence, %d in-process nodes", n)
+		mctx, cancel := context.WithTimeout(ctx, b.p.MeshTimeout)
+		r, err := meshbench.Measure(mctx, n, meshProfile)
+		cancel()
+		mr := meshRes{N: n, Profile: meshProfileName}
+		if err != nil {
+			mr.Err = err.Error()
+		} else {
+			mr.Membership = r.Membership.Round(time.Millisecond).String()
+			mr.Advert = r.Advert.Round(time.Millisecond).String()
+			mr.Death = r.Death.Round(time.Millisecond).String()
+		}
+		logf("  %+v", mr)
+		b.mesh = append(b.mesh, mr)
+	}
+}
+
+// watchdog closes cn when ctx ends or after d, so a hung contender cannot
+// hang the harness. The returned stop must be called.
+func watchdog(ctx context.Context, cn *conn, d time.Duration) (stop func() bool) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	st := context.AfterFunc(wctx, func() { cn.Close() })
+	return func() bool { cancel(); return st() }
+}
+
+// latencyRep sends small completions one at a time for dur.
+func (b *bench) latencyRep(ctx context.Context, ci int, dur time.Duration, record bool) {
+	c := b.cs[ci]
+	req := buildRequest(c.Fast.Addr, chatPath, smallBody(c.Fast.Model))
+	cn, err := dial(ctx, c.Fast.Addr)
+	if err != nil {
+		b.fail(ci, "c=1 dial: %v", err)
+		return
+	}
+	defer cn.Close()
+	defer watchdog(ctx, cn, dur+30*time.Second)()
+	for range 20 { // settle the connection (and the proxy's upstream pool)
+		if st, err := cn.do(req, nil); err != nil || st != 200 {
+			b.fail(ci, "c=1: status %d, err %v", st, err)
+			return
+		}
+	}
+	lat := make([]time.Duration, 0, 1<<15)
+	start := time.Now()
+	deadline := start.Add(dur)
+	t0 := start
+	for {
+		st, err := cn.do(req, nil)
+		t1 := time.Now()
+		if err != nil || st != 200 {
+			b.fail(ci, "c=1: status %d, err %v", st, err)
+			return
+		}
+		lat = append(lat, t1.Sub(t0))
+		if t1.After(deadline) {
+			break
+		}
+		t0 = t1
+	}
+	if record {
+		r := b.res[ci]
+		r.Lat = append(r.Lat, pcts(lat))
+		r.LatRPS = append(r.LatRPS, float64(len(lat))/time.Since(start).Seconds())
+	}
+}
+
+// throughputRep runs Conc connections sending small completions back to
+// back for dur and records requests per second.
+func (b *bench) throughputRep(ctx context.Context, ci int, dur time.Duration, record bool) {
+	c := b.cs[ci]
+	req := buildRequest(c.Fast.Addr, chatPath, smallBody(c.Fast.Model))
+	conns := make([]*conn, 0, b.p.Conc)
+	defer func() {
+		for _, cn := range conns {
+			cn.Close()
+		}
+	}()
+	for range b.p.Conc {
+		cn, err := dial(ctx, c.Fast.Addr)
+		if err != nil {
+			b.fail(ci, "c=%d dial: %v", b.p.Conc, err)
+			return
+		}
+		conns = append(conns, cn)
+		if st, err := cn.do(req, nil); err != nil || st != 200 {
+			b.fail(ci, "c=%d: status %d, err %v", b.p.Conc, st, err)
+			return
+		}
+	}
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(dur)
+	for _, cn := range conns {
+		wg.Go(func() {
+			defer watchdog(ctx, cn, dur+30*time.Second)()
+			n := int64(0)
+			for time.Now().Before(deadline) {
+				if st, err := cn.do(req, nil); err != nil || st != 200 {
+					b.fail(ci, "c=%d: status %d, err %v", b.p.Conc, st, err)
+					break
+				}
+				n++
+			}
+			total.Add(n)
+		})
+	}
+	wg.Wait()
+	if record {
+		b.res[ci].Thr = append(b.res[ci].Thr, float64(total.Load())/time.Since(start).Seconds())
+	}
+}
+
+// streamRep runs StreamConc workers, staggered over one stream's length,
+// each opening streams one after another for dur, and records the time to
+// the first delta and the gaps between deltas (minus the upstream's pacing).
+func (b *bench) streamRep(ctx context.Context, ci int, dur time.Duration) {
+	c := b.cs[ci]
+	req := buildRequest(c.Stream.Addr, chatPath, streamBody(c.Stream.Model))
+	var mu sync.Mutex
+	var ttft, gaps []time.Duration
+	var wg sync.WaitGroup
+	streamLen := time.Duration(b.p.StreamTokens) * b.p.StreamDelay
+	start := time.Now()
+	deadline := start.Add(dur)
+	for w := range b.p.StreamConc {
+		wg.Go(func() {
+			cn, err := dial(ctx, c.Stream.Addr)
+			if err != nil {
+				b.fail(ci, "stream dial: %v", err)
+				return
+			}
+			defer cn.Close()
+			defer watchdog(ctx, cn, dur+streamLen+30*time.Second)()
+			time.Sleep(time.Duration(w) * streamLen / time.Duration(b.p.StreamConc))
+			var myTTFT, myGaps []time.Duration
+			for time.Now().Before(deadline) {
+				i := 0
+				var prev time.Time
+				t0 := time.Now()
+				st, err := cn.stream(req, false, func(f frame) {
+					switch {
+					case i == 0:
+						myTTFT = append(myTTFT, f.at.Sub(t0))
+					case i < b.p.StreamTokens:
+						myGaps = append(myGaps, f.at.Sub(prev)-b.p.StreamDelay)
+					}
+					prev = f.at
+					i++
+				})
+				if err != nil || st != 200 {
+					b.fail(ci, "stream: status %d, err %v", st, err)
+					return
+				}
+				if i != b.p.StreamTokens+2 {
+					b.fail(ci, "stream: %d events, want %d", i, b.p.StreamTokens+2)
+					return
+				}
+			}
+			mu.Lock()
+			ttft = append(ttft, myTTFT...)
+			gaps = append(gaps, myGaps...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if len(ttft) > 0 {
+		b.res[ci].TTFT = append(b.res[ci].TTFT, pcts(ttft))
+		b.res[ci].Gap = append(b.res[ci].Gap, pcts(gaps))
+	}
+}
+
+// manyRun opens n streams, each on its own connection, at ManyRate per
+// second, keeps them all open (each lasts ManyTokens*ManyDelay), and
+// counts stalled frames (a gap over StallAfter), dropped frames (missing
+// from a stream that ended early) and failed streams, while sampling the
+// contender's RSS.
+func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
+	c := b.cs[ci]
+	req := buildRequest(c.Many.Addr, chatPath, streamBody(c.Many.Model))
+	want := b.p.ManyTokens + 1 // deltas and the finish chunk, before [DONE]
+	res := manyRes{Streams: n}
+	res.RSSBeforeKiB = readRSS(c.PID)
+	streamLen := time.Duration(b.p.ManyTokens) * b.p.ManyDelay
+
+	var open, peak, completed, stalled, dropped, failed atomic.Int64
+	var firstErr sync.Once
+	sampleDone := make(chan struct{})
+	var sampler sync.WaitGroup
+	var rssPeak atomic.Int64
+	rssPeak.Store(res.RSSBeforeKiB)
+	sampler.Go(func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-sampleDone:
+				return
+			case <-t.C:
+				if v := readRSS(c.PID); v > rssPeak.Load() {
+					rssPeak.Store(v)
+				}
+			}
+		}
+	})
+
+	var wg sync.WaitGroup
+	start := time.Now()
+	for k := range n {
+		// Pace the opening: k streams are due at k/rate seconds.
+		if due := start.Add(time.Duration(k) * time.Second / time.Duration(b.p.ManyRate)); time.Until(due) > time.Millisecond {
+			time.Sleep(time.Until(due))
+		}
+		wg.Go(func() {
+			streamErr := func(format string, args ...any) {
+				failed.Add(1)
+				firstErr.Do(func() { b.fail(ci, "%d streams: "+format, append([]any{n}, args...)...) })
+			}
+			cn, err := dial(ctx, c.Many.Addr)
+			if err != nil {
+				streamErr("dial: %v", err)
+				dropped.Add(int64(want))
+				return
+			}
+			defer cn.Close()
+			defer watchdog(ctx, cn, 4*streamLen+60*time.Second)()
+			got := 0
+			isOpen := false
+			prev := time.Now()
+			st, err := cn.stream(req, false, func(f frame) {
+				if f.at.Sub(prev) > b.p.StallAfter {
+					stalled.Add(1)
+				}
+				prev = f.at
+				if f.done {
+					return
+				}
+				got++
+				if !isOpen {
+					isOpen = true
+					if o := open.Add(1); o > peak.Load() {
+						peak.Store(o) // racy max; only ever low by a hair
+					}
+				}
+			})
+			if isOpen {
+				open.Add(-1)
+			}
+			if got < want {
+				dropped.Add(int64(want - got))
+			}
+			if err != nil || st != 200 {
+				streamErr("status %d, err %v", st, err)
+				return
+			}
+			completed.Add(1)
+		})
+	}
+	wg.Wait()
+	close(sampleDone)
+	sampler.Wait()
+	res.Duration = time.Since(start).Round(time.Millisecond).String()
+	res.Completed, res.PeakOpen = int(completed.Load()), int(peak.Load())
+	res.StalledFrames, res.DroppedFrames, res.Failed = int(stalled.Load()), int(dropped.Load()), int(failed.Load())
+	res.RSSPeakKiB = rssPeak.Load()
+	if c.PID > 0 && res.RSSBeforeKiB > 0 {
+		res.KiBPerStream = float64(res.RSSPeakKiB-res.RSSBeforeKiB) / float64(n)
+	}
+	return res
+}
+
+// readRSS returns VmRSS of pid in KiB (0 when unknown).
+func readRSS(pid int) int64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// pcts returns the p50 and p99 of ds (sorted in place).
+func pcts(ds []time.Duration) latRep {
+	if len(ds) == 0 {
+		return latRep{}
+	}
+	slices.Sort(ds)
+	at := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+	return latRep{P50: at(0.50), P99: at(0.99), N: len(ds)}
+}

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# bench/run.sh: infermesh's proxy against the direct connection, nginx and
+# haproxy, side by side, on loopback (`make bench`; BENCH_QUICK=1 for the
+# quick mode CI runs, `make bench-quick`).
+#
+# It starts three demo-model upstreams (small answers at once; a stream of
+# 64 deltas 20 ms apart; slow streams for the concurrent-streams workload),
+# every contender in front of them with a config written here, and the Go
+# load generator (bench/loadgen), which prints the tables and writes them to
+# bench/results/ (markdown and JSON).
+#
+# A contender is one function `contender_<name>` that starts it and calls
+# `entry` with its three addresses, the model names clients ask for and the
+# pid whose RSS is sampled (or `missing "<why>"`), plus its name in
+# CONTENDERS. The first contender must be `direct`.
+#
+# Environment: BENCH_QUICK=1 quick mode; BENCH_KEEP=1 keeps the work
+# directory (configs and logs); BENCH_ARGS extra loadgen flags.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CONTENDERS=(direct infermesh infermesh_quic nginx haproxy)
+
+QUICK=${BENCH_QUICK:-0}
+if [ "$QUICK" = 1 ]; then
+  MANY_TOKENS=8 # 2 s streams
+  LOADGEN_MODE=-quick
+else
+  MANY_TOKENS=24 # 6 s streams: every stream is open at once at 4096
+  LOADGEN_MODE=
+fi
+STREAM_TOKENS=64
+STREAM_DELAY=20ms
+MANY_DELAY=250ms
+
+WORK=$(mktemp -d /tmp/infermesh-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  local rc=$?
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+    echo "bench: work directory (configs, logs) kept in $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+log() { echo "$(date +%T)  $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# 4096 streams through a proxy hold 8192 sockets in it.
+ulimit -Hn 65536 2>/dev/null || true
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+[ "$(ulimit -n)" -ge 10000 ] || log "warning: ulimit -n is $(ulimit -n); 4096 concurrent streams need ~10000"
+
+# nginx and haproxy from Debian's packages when missing.
+need=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+export PATH=$PATH:/usr/sbin
+
+# Binaries: make bench builds bin/; the load generator is built here.
+GO=${GO:-go}
+[ -x bin/infermeshd ] && [ -x bin/infermesh-demo ] || CGO_ENABLED=0 $GO build -trimpath -o bin/ ./cmd/infermeshd ./cmd/infermesh-demo
+$GO build -o "$WORK/loadgen" ./bench/loadgen
+LOADGEN=$WORK/loadgen
+
+mapfile -t PORTS < <("$LOADGEN" -free-ports 12)
+port() { echo "${PORTS[$1]}"; }
+P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
+
+# wait_http <url> [body]: until the URL answers 200 (POST when a body is
+# given); gives up after 10 s or as soon as the last started process exits.
+wait_http() {
+  local url=$1 body=${2:-} i
+  for i in $(seq 1 100); do
+    [ -z "$LAST_PID" ] || kill -0 "$LAST_PID" 2>/dev/null || return 1
+    if [ -n "$body" ]; then
+      curl -fsS -o /dev/null -m 2 "$url" -H 'Content-Type: application/json' -d "$body" 2>/dev/null && return 0
+    else
+      curl -fsS -o /dev/null -m 2 "$url" 2>/dev/null && return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+chat_body() { printf '{"model":"%s","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}' "$1"; }
+
+# start <name> <cmd...>: run in the background, output to $WORK/<name>.log.
+LAST_PID=
+start() {
+  local name=$1
+  shift
+  "$@" >"$WORK/$name.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# --- the upstream: the demo model -----------------------------------------
+start demo-fast bin/infermesh-demo -listen "127.0.0.1:$P_FAST" -log-level warn
+start demo-stream bin/infermesh-demo -listen "127.0.0.1:$P_STREAM" -log-level warn -tokens "$STREAM_TOKENS" -token-delay "$STREAM_DELAY"
+start demo-many bin/infermesh-demo -listen "127.0.0.1:$P_MANY" -log-level warn -tokens "$MANY_TOKENS" -token-delay "$MANY_DELAY"
+PID_MANY=$LAST_PID
+for p in "$P_FAST" "$P_STREAM" "$P_MANY"; do
+  wait_http "http://127.0.0.1:$p/health" || die "demo model on port $p did not start (see $WORK/demo-*.log)"
+done
+
+# --- contenders -------------------------------------------------------------
+ENTRIES=()
+# entry <name> <desc> <fast addr> <fast model> <stream addr> <stream model> <many addr> <many model> <pid>
+entry() {
+  ENTRIES+=("$(printf '{"name":"%s","desc":"%s","fast":{"addr":"%s","model":"%s"},"stream":{"addr":"%s","model":"%s"},"many":{"addr":"%s","model":"%s"},"pid":%d}' "$@")")
+}
+# missing <name> <desc> <why>
+missing() { ENTRIES+=("$(printf '{"name":"%s","desc":"%s","missing":"%s"}' "$@")"); }
+
+contender_direct() {
+  entry direct "direct to the upstream (the limit)" \
+    "127.0.0.1:$P_FAST" demo "127.0.0.1:$P_STREAM" demo "127.0.0.1:$P_MANY" demo "$PID_MANY"
+}
+
+contender_infermesh() {
+  local d=$WORK/infermesh p1 p2 p3
+  p1=$(port 3) p2=$(port 4) p3=$(port 5)
+  mkdir -p "$d/state"
+  # Clients ask for the role's name; the instance knows its model as
+  # "demo": every request is pinned and every response rewritten back.
+  cat >"$d/infermesh.yaml" <<EOF
+node: {name: bench, state_dir: $d/state}
+log: {level: warn}
+admin: {socket: $d/state/admin.sock}
+roles:
+  chat:   {port: $p1, upstream: "http://127.0.0.1:$P_FAST", model: demo}
+  stream: {port: $p2, upstream: "http://127.0.0.1:$P_STREAM", model: demo}
+  many:   {port: $p3, upstream: "http://127.0.0.1:$P_MANY", model: demo}
+EOF
+  start infermeshd bin/infermeshd -config "$d/infermesh.yaml"
+  local pid=$LAST_PID
+  wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body chat)" || die "infermeshd did not start (see $WORK/infermeshd.log)"
+  wait_http "http://127.0.0.1:$p2/v1/models" && wait_http "http://127.0.0.1:$p3/v1/models" || die "infermeshd roles not up"
+  wait_http "http://127.0.0.1:$p3/v1/chat/completions" "$(chat_body many)" || die "infermeshd role many not served"
+  wait_http "http://127.0.0.1:$p2/v1/chat/completions" "$(chat_body stream)" || die "infermeshd role stream not served"
+  entry infermesh "infermeshd, local path (model pinned and rewritten)" \
+    "127.0.0.1:$p1" chat "127.0.0.1:$p2" stream "127.0.0.1:$p3" many "$pid"
+}
+
+contender_infermesh_quic() {
+  missing infermesh-quic "infermeshd -> QUIC -> infermeshd -> upstream" "not built yet"
+}
+
+contender_nginx() {
+  local d=$WORK/nginx p1 p2 p3
+  p1=$(port 6) p2=$(port 7) p3=$(port 8)
+  mkdir -p "$d/tmp"
+  # One worker, a keep-alive pool to each upstream, no request limit per
+  # connection (nginx closes keep-alive connections after 1000 requests by
+  # default), no buffering of streams.
+  cat >"$d/nginx.conf" <<EOF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+daemon off;
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections 10000; }
+http {
+  access_log off;
+  client_body_temp_path $d/tmp/body;
+  proxy_temp_path $d/tmp/proxy;
+  fastcgi_temp_path $d/tmp/fastcgi;
+  uwsgi_temp_path $d/tmp/uwsgi;
+  scgi_temp_path $d/tmp/scgi;
+  keepalive_requests 10000000;
+  keepalive_timeout 120s;
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  upstream fast   { server 127.0.0.1:$P_FAST;   keepalive 128; keepalive_requests 10000000; }
+  upstream stream { server 127.0.0.1:$P_STREAM; keepalive 128; keepalive_requests 10000000; }
+  upstream many   { server 127.0.0.1:$P_MANY;   keepalive 128; keepalive_requests 10000000; }
+  server { listen 127.0.0.1:$p1 backlog=4096; location / { proxy_pass http://fast; } }
+  server { listen 127.0.0.1:$p2 backlog=4096; location / { proxy_pass http://stream; proxy_buffering off; } }
+  server { listen 127.0.0.1:$p3 backlog=4096; location / { proxy_pass http://many; proxy_buffering off; } }
+}
+EOF
+  start nginx nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log"
+  local master=$LAST_PID worker=
+  wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body demo)" || die "nginx did not start (see $d/error.log)"
+  worker=$(pgrep -P "$master" | head -1)
+  entry nginx "nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, keep-alive upstream pool" \
+    "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "${worker:-0}"
+}
+
+contender_haproxy() {
+  local d=$WORK/haproxy p1 p2 p3
+  p1=$(port 9) p2=$(port 10) p3=$(port 11)
+  mkdir -p "$d"
+  # http-no-delay on the streaming ports: without it haproxy sends body
+  # data with MSG_MORE and SSE events wait up to 200 ms in the kernel.
+  cat >"$d/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 9000 # 4096 streams hold 8192 sockets; 2 x maxconn must fit ulimit -n
+defaults
+  mode http
+  maxconn 9000
+  timeout connect 2s
+  timeout client 5m
+  timeout server 5m
+  timeout http-keep-alive 120s
+  http-reuse always
+frontend fast
+  bind 127.0.0.1:$p1
+  default_backend fast
+frontend stream
+  bind 127.0.0.1:$p2
+  option http-no-delay
+  default_backend stream
+frontend many
+  bind 127.0.0.1:$p3
+  option http-no-delay
+  default_backend many
+backend fast
+  server s 127.0.0.1:$P_FAST
+backend stream
+  option http-no-delay
+  server s 127.0.0.1:$P_STREAM
+backend many
+  option http-no-delay
+  server s 127.0.0.1:$P_MANY
+EOF
+  start haproxy haproxy -db -f "$d/haproxy.cfg"
+  local pid=$LAST_PID
+  wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body demo)" || die "haproxy did not start (see $WORK/haproxy.log)"
+  entry haproxy "haproxy $(haproxy -v | head -1 | awk '{print $3}'), nbthread 1" \
+    "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "$pid"
+}
+
+for c in "${CONTENDERS[@]}"; do
+  log "starting contender $c"
+  "contender_$c"
+done
+(
+  IFS=,
+  echo "[${ENTRIES[*]}]"
+) >"$WORK/contenders.json"
+
+META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s"}' \
+  "$(nginx -v 2>&1 | sed 's|.*/||')" "$(haproxy -v | head -1 | awk '{print $3}')" \
+  "$(git describe --always --dirty 2>/dev/null || echo unknown)" "$(uname -r)")
+
+log "running the load generator"
+# shellcheck disable=SC2086
+"$LOADGEN" -contenders "$WORK/contenders.json" -out bench/results $LOADGEN_MODE -meta "$META" \
+  -stream-tokens "$STREAM_TOKENS" -stream-delay "$STREAM_DELAY" \
+  -many-tokens "$MANY_TOKENS" -many-delay "$MANY_DELAY" ${BENCH_ARGS:-}
+
+# Every contender must still be alive: a crash mid-run is a broken harness.
+for pid in "${PIDS[@]}"; do
+  kill -0 "$pid" 2>/dev/null || die "process $pid exited during the run (see $WORK/*.log)"
+done
