@@ -12,13 +12,18 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/proxy"
 )
 
@@ -36,21 +41,35 @@ type Options struct {
 	DemoTokenDelay time.Duration
 	// Notify receives readiness and status lines (sd_notify). Nil: none.
 	Notify func(state string)
+	// OnAdminReady is called with the admin socket path once it answers.
+	OnAdminReady func(socket string)
+	// MeshTuning and ProvisionTuning adjust the mesh and instance manager
+	// settings derived from the config (tests use short intervals). Nil:
+	// the defaults.
+	MeshTuning      func(*mesh.Config)
+	ProvisionTuning func(*provision.ManagerConfig)
+	// AdminTuning adjusts the admin runtime's options (tests inject fakes).
+	AdminTuning func(*AdminOptions)
 }
 
 // Agent is one running infermeshd.
 type Agent struct {
-	cfg   *Config
-	opts  Options
-	log   *zap.Logger
-	audit *Auditor
-	table *placement.Table
-	proxy *proxy.Proxy
+	cfg       *Config
+	opts      Options
+	log       *zap.Logger
+	audit     *Auditor
+	table     *placement.Table
+	proxy     *proxy.Proxy
+	metrics   *metrics.Metrics
+	admission lateAdmission
 
 	started time.Time
 
 	mu    sync.Mutex
 	addrs map[string]net.Addr // role -> bound proxy address
+	mesh  *mesh.Mesh
+	admin *Admin
+	prov  *provisioning
 }
 
 // New validates the configuration and builds an agent; nothing is bound
@@ -64,21 +83,32 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}}
 	a.audit = NewAuditor(a.log)
-	table, err := placement.New(placement.Config{
+	pcfg := placement.Config{
 		NodeID:    cfg.Node.Name,
 		Audit:     a.audit,
 		AdvertTTL: cfg.Mesh.AdvertTTL,
-	})
+	}
+	if cfg.Mesh.Enabled() {
+		pcfg.Admission = &a.admission
+	}
+	table, err := placement.New(pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.table = table
+	mcfg := metrics.DefaultConfig()
+	mcfg.Version = Version
+	mcfg.Placement = table
+	if a.metrics, err = metrics.New(mcfg); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	p, err := proxy.New(proxy.Config{
 		Resolver:        table,
 		Peers:           table,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
+		Observer:        a.metrics,
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {
@@ -90,6 +120,36 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 
 // Table returns the agent's placement table.
 func (a *Agent) Table() *placement.Table { return a.table }
+
+// Mesh returns the agent's mesh membership, nil without a mesh or before
+// Run started it.
+func (a *Agent) Mesh() *mesh.Mesh {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mesh
+}
+
+// AdminSocket returns the admin socket path once Run opened it.
+func (a *Agent) AdminSocket() (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.admin == nil {
+		return "", false
+	}
+	return a.admin.SocketPath(), true
+}
+
+// Reload re-reads the config file and applies what can change at run time
+// (SIGHUP). It reports what changed.
+func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
+	a.mu.Lock()
+	ad := a.admin
+	a.mu.Unlock()
+	if ad == nil {
+		return admin.ReloadResult{}, errors.New("agent is not running")
+	}
+	return ad.Backend().Reload(ctx, admin.Caller{UID: uint32(os.Getuid()), PID: int32(os.Getpid())})
+}
 
 // Audit returns the agent's audit log.
 func (a *Agent) Audit() *Auditor { return a.audit }
@@ -110,7 +170,9 @@ func (a *Agent) notify(state string) {
 
 // Run starts every part, reports readiness, and serves until ctx is
 // cancelled; then it drains in-flight requests (up to the configured
-// shutdown timeout) and stops. Cancellation is a clean stop: Run returns nil.
+// shutdown timeout), leaves the mesh and stops. Cancellation is a clean
+// stop: Run returns nil. Managed containers keep running across a stop and
+// are adopted by the next start.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = time.Now()
 	if err := os.MkdirAll(a.cfg.Node.StateDir, 0o700); err != nil {
@@ -120,6 +182,47 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+
+	// The mesh first: it owns the node key, and the admin backend reports
+	// on it. Nothing is admitted until it is set into the table's
+	// admission.
+	m, err := a.startMesh(runCtx)
+	if err != nil {
+		return err
+	}
+	if m != nil {
+		a.mu.Lock()
+		a.mesh = m
+		a.mu.Unlock()
+		defer a.leaveMesh(m)
+	}
+
+	// The admin socket claims its path (refusing to start when a live agent
+	// answers there), opens the state store and applies the config's policy
+	// with the stored run-time overrides on top.
+	var insts lateInstances
+	aopts := AdminOptions{Metrics: a.metrics, OnReload: a.onReload}
+	if len(a.cfg.desiredInstances()) > 0 {
+		aopts.Instances = &insts
+	}
+	if m != nil {
+		aopts.Mesh = m
+	}
+	if a.opts.AdminTuning != nil {
+		a.opts.AdminTuning(&aopts)
+	}
+	ad, err := a.OpenAdmin(aopts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := ad.Close(); err != nil {
+			a.log.Warn("closing the admin socket", zap.Error(err))
+		}
+	}()
+	a.mu.Lock()
+	a.admin = ad
+	a.mu.Unlock()
 
 	upstreams := map[string]string{}
 	for name, r := range a.cfg.Roles {
@@ -137,8 +240,6 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}
 	}
-
-	a.applyPolicy()
 
 	roles := make([]string, 0, len(a.cfg.Roles))
 	for name := range a.cfg.Roles {
@@ -182,6 +283,42 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 
+	prov, err := a.startProvisioning(runCtx, ad.Store().DB())
+	if err != nil {
+		// Other roles keep serving; the operator sees why instances do not.
+		a.log.Error("provisioning disabled", zap.Error(err))
+		a.audit.Record(Event{Kind: "provision.disabled", Fields: map[string]string{"why": err.Error()}})
+	}
+	if prov != nil {
+		insts.m.Store(prov.mgr)
+		a.mu.Lock()
+		a.prov = prov
+		a.mu.Unlock()
+		defer prov.close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := prov.mgr.Run(runCtx); err != nil {
+				a.log.Error("instance manager stopped", zap.Error(err))
+			}
+		}()
+	}
+
+	if err := ad.Serve(runCtx); err != nil {
+		_ = a.proxy.Shutdown(context.Background())
+		return err
+	}
+	if a.opts.OnAdminReady != nil {
+		a.opts.OnAdminReady(ad.SocketPath())
+	}
+	if m != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.joinMesh(runCtx, m)
+		}()
+	}
+
 	a.notify("READY=1")
 	a.notify(fmt.Sprintf("STATUS=serving %d role(s)", len(roles)))
 	a.log.Info("infermeshd ready", zap.String("node", a.cfg.Node.Name), zap.String("version", Version))
@@ -189,26 +326,69 @@ func (a *Agent) Run(ctx context.Context) error {
 	<-ctx.Done()
 	a.notify("STOPPING=1")
 	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.cfg.Proxy.ShutdownTimeout))
-	cancel()
 	sctx, scancel := context.WithTimeout(context.Background(), a.cfg.Proxy.ShutdownTimeout)
 	defer scancel()
 	if err := a.proxy.Shutdown(sctx); err != nil {
 		a.log.Warn("drain incomplete; cut remaining requests", zap.Error(err))
 	}
+	cancel()
 	return nil
 }
 
-// applyPolicy loads the configured allowlists and exposure into placement.
-func (a *Agent) applyPolicy() {
-	for name, r := range a.cfg.Roles {
-		a.table.ExposeToMesh(name, r.Expose)
-		for _, n := range r.ServeTo {
-			a.table.AllowMeshPeer(name, n, true)
+// onReload applies what a reloaded config changes beyond role policy: the
+// mesh's trust (revocations take effect at once) and the managed instances.
+func (a *Agent) onReload(old, next *Config, res *admin.ReloadResult) error {
+	if m := a.Mesh(); m != nil {
+		trust, err := next.MeshTrust()
+		if err != nil {
+			return err
 		}
-		for _, n := range r.AcceptFrom {
-			a.table.AllowRemoteNode(name, n, true)
+		if err := m.SetTrust(trust); err != nil {
+			return fmt.Errorf("trust: %w", err)
+		}
+		res.Applied, res.NeedsRestart = moveChanges(res.Applied, res.NeedsRestart, func(c string) bool {
+			return strings.HasPrefix(c, "trust")
+		})
+	}
+	a.mu.Lock()
+	prov := a.prov
+	a.mu.Unlock()
+	if prov != nil {
+		// Instances of roles that keep their listener are re-applied now
+		// (a changed spec replaces the container); roles added or removed
+		// need a restart for their listener anyway.
+		desired := next.desiredInstances()
+		for role := range desired {
+			if _, ok := old.Roles[role]; !ok {
+				delete(desired, role)
+			}
+		}
+		for role, r := range old.Roles {
+			if _, ok := next.Roles[role]; !ok && r.Instance != nil {
+				desired[role] = old.desiredInstances()[role]
+			}
+		}
+		if err := prov.mgr.Apply(context.Background(), desired); err != nil {
+			return fmt.Errorf("instances: %w", err)
+		}
+		res.Applied, res.NeedsRestart = moveChanges(res.Applied, res.NeedsRestart, func(c string) bool {
+			return strings.HasSuffix(c, ".instance: changed")
+		})
+	}
+	return nil
+}
+
+// moveChanges moves the entries of restart that applied says were applied.
+func moveChanges(applied, restart []string, now func(string) bool) ([]string, []string) {
+	kept := restart[:0]
+	for _, c := range restart {
+		if now(c) {
+			applied = append(applied, c)
+		} else {
+			kept = append(kept, c)
 		}
 	}
+	return applied, kept
 }
 
 // startDemo serves the built-in demo model on an ephemeral loopback port.

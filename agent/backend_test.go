@@ -70,28 +70,46 @@ type adminAgent struct {
 	stop   func()
 }
 
-// startAdminAgent runs a real agent on cfg and serves its admin socket.
-// The lead wires OpenAdmin and Serve into Run; until then the test does it
-// once the agent is up.
+// startAdminAgent runs a real agent on cfg; Run opens and serves its admin
+// socket. The non-nil fields of opts replace the agent's own.
 func startAdminAgent(t *testing.T, cfg *Config, opts AdminOptions) *adminAgent {
 	t.Helper()
-	a, err := New(cfg, Options{})
+	a, err := New(cfg, Options{AdminTuning: func(o *AdminOptions) {
+		if opts.Mesh != nil {
+			o.Mesh = opts.Mesh
+		}
+		if opts.Instances != nil {
+			o.Instances = opts.Instances
+		}
+		if opts.Metrics != nil {
+			o.Metrics = opts.Metrics
+		}
+		if opts.OnReload != nil {
+			o.OnReload = opts.OnReload
+		}
+		if opts.StoreLockTimeout != 0 {
+			o.StoreLockTimeout = opts.StoreLockTimeout
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	waitFor(t, "role listeners", func() bool { _, ok := a.RoleAddr("chat"); return ok })
-	ad, err := a.OpenAdmin(opts)
-	if err != nil {
-		cancel()
-		<-done
-		t.Fatal(err)
-	}
-	if err := ad.Serve(ctx); err != nil {
-		t.Fatal(err)
-	}
+	waitFor(t, "the admin socket", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run: %v", err)
+		default:
+		}
+		_, ok := a.AdminSocket()
+		_, ok2 := a.RoleAddr("chat")
+		return ok && ok2
+	})
+	a.mu.Lock()
+	ad := a.admin
+	a.mu.Unlock()
 	c := admin.NewClient(cfg.Admin.Socket, admin.ClientOptions{})
 	var once sync.Once
 	aa := &adminAgent{a: a, ad: ad, client: c}
@@ -99,9 +117,6 @@ func startAdminAgent(t *testing.T, cfg *Config, opts AdminOptions) *adminAgent {
 		once.Do(func() {
 			c.Close()
 			cancel()
-			if err := ad.Close(); err != nil {
-				t.Errorf("Admin.Close: %v", err)
-			}
 			if err := <-done; err != nil {
 				t.Errorf("Run: %v", err)
 			}

@@ -66,12 +66,42 @@ func run(args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	a, err := agent.New(cfg, agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify})
+	opts := agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify}
+	if *dev {
+		opts.OnAdminReady = func(socket string) {
+			fmt.Fprintf(os.Stderr, "\nadmin socket: %s\n  export INFERMESH_SOCKET=%s\n", socket, socket)
+		}
+	}
+	a, err := agent.New(cfg, opts)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP re-reads the config file and applies what can change at run
+	// time; the result is logged (and audited by the agent).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if *dev {
+					log.Info("SIGHUP ignored in dev mode (no config file)")
+					continue
+				}
+				res, err := a.Reload(ctx)
+				if err != nil {
+					log.Error("reload failed; the running config stays in force", zap.Error(err))
+					continue
+				}
+				log.Info("reloaded", zap.Strings("applied", res.Applied), zap.Strings("needs_restart", res.NeedsRestart))
+			}
+		}
+	}()
 	if *dev {
 		go func() {
 			// Print the try-it line once the role port is bound.
