@@ -110,7 +110,9 @@ func (p *provisioning) close() {
 
 // lateInstances lets the admin backend be built before the instance manager
 // (which needs the backend's state store).
-type lateInstances struct{ m atomic.Pointer[provision.Manager] }
+type lateInstances struct {
+	m atomic.Pointer[provision.Manager]
+}
 
 var _ InstanceAPI = (*lateInstances)(nil)
 
