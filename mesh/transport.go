@@ -1,0 +1,704 @@
+package mesh
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+	"go.uber.org/zap"
+)
+
+// PeerDirectory is where the transport learns which peers exist: where to
+// dial them, which key to pin, and whether they are admitted right now.
+// *Mesh satisfies it.
+//
+// Methods must be safe for concurrent use and must not block: they are
+// called on every request, in TLS handshakes and from the re-check loop.
+type PeerDirectory interface {
+	// PeerAddr is the QUIC address (host:port) an admitted peer advertised.
+	PeerAddr(node string) (string, bool)
+	// PeerKey is the identity key an admitted peer is pinned to.
+	PeerKey(node string) (ed25519.PublicKey, bool)
+	// IsAdmitted reports whether node is admitted right now.
+	IsAdmitted(node string) bool
+}
+
+var _ PeerDirectory = (*Mesh)(nil)
+
+// Transport defaults.
+const (
+	DefaultHandshakeTimeout  = 2 * time.Second
+	DefaultKeepAlivePeriod   = 5 * time.Second
+	DefaultMaxIdleTimeout    = 15 * time.Second
+	DefaultRecheckInterval   = time.Second
+	DefaultMaxStreamsPerPeer = 1024
+)
+
+// AuditQUICRefused is the kind of a refused transport peer in OnRefused
+// consumers' audit logs.
+const AuditQUICRefused = "mesh.quic.refused"
+
+// Errors callers act on.
+var (
+	// ErrTransportClosed is returned by RoundTrip and Serve after Close.
+	ErrTransportClosed = errors.New("mesh transport closed")
+	// ErrUnknownPeer is wrapped by RoundTrip when the target node is not
+	// admitted or has no QUIC address: nothing was sent.
+	ErrUnknownPeer = errors.New("peer not admitted or without a QUIC address")
+)
+
+// TransportConfig configures a Transport. The zero value of a field means its
+// default (see DefaultTransportConfig); Name, Key, Peers and one of Listen or
+// PacketConn are required.
+type TransportConfig struct {
+	// Name is this node's name; it is the common name of our certificate.
+	Name string
+	// Key is this node's identity key; our self-signed certificate is of it.
+	Key ed25519.PrivateKey
+	// Listen is the UDP address to bind, host:port (port 0 picks one; see
+	// Addr). Ignored when PacketConn is set.
+	Listen string
+	// PacketConn, when set, is used instead of binding Listen. The caller
+	// owns it: Close does not close it.
+	PacketConn net.PacketConn
+	// Peers tells who is admitted, where to dial them and which key to pin.
+	Peers PeerDirectory
+	// Handler serves requests from peers. Each request's context carries the
+	// node the connection was verified as (PeerFromRequest). Nil: every peer
+	// request gets 404.
+	Handler http.Handler
+	// Logger; nil is a no-op logger.
+	Logger *zap.Logger
+	// HandshakeTimeout bounds dialing a peer: the QUIC and TLS handshake.
+	// It is the per-attempt connect timeout of a remote request that needs a
+	// new connection. Default DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// KeepAlivePeriod is how often an otherwise idle connection is pinged,
+	// so a live peer's connection stays open and a dead one is noticed.
+	// Default DefaultKeepAlivePeriod.
+	KeepAlivePeriod time.Duration
+	// MaxIdleTimeout closes a connection that received nothing for this
+	// long: with keep-alives, how long a peer that vanished without a word
+	// (killed, unplugged) can stall a stream. Default DefaultMaxIdleTimeout.
+	MaxIdleTimeout time.Duration
+	// RecheckInterval is how often live connections are checked against the
+	// directory: a connection whose peer is no longer admitted, changed its
+	// key, or (ours) moved address is closed, aborting its streams.
+	// Default DefaultRecheckInterval.
+	RecheckInterval time.Duration
+	// MaxStreamsPerPeer bounds concurrent requests a peer may have open on
+	// its connection to us. Default DefaultMaxStreamsPerPeer.
+	MaxStreamsPerPeer int64
+	// OnRefused is told about refused peers: handshakes (either side) and
+	// requests from a peer no longer admitted. peer is the node claimed, or
+	// "addr:<ip:port>" when none was. Called at most once per (peer, why)
+	// every 10s; Refusals counts every one. Must not block.
+	OnRefused func(peer, why string)
+}
+
+// DefaultTransportConfig returns the defaults (without identity, address or
+// directory).
+func DefaultTransportConfig() TransportConfig {
+	return TransportConfig{
+		HandshakeTimeout:  DefaultHandshakeTimeout,
+		KeepAlivePeriod:   DefaultKeepAlivePeriod,
+		MaxIdleTimeout:    DefaultMaxIdleTimeout,
+		RecheckInterval:   DefaultRecheckInterval,
+		MaxStreamsPerPeer: DefaultMaxStreamsPerPeer,
+	}
+}
+
+func (c TransportConfig) withDefaults() (TransportConfig, error) {
+	d := DefaultTransportConfig()
+	for _, f := range []struct {
+		name string
+		p    *time.Duration
+		def  time.Duration
+	}{
+		{"HandshakeTimeout", &c.HandshakeTimeout, d.HandshakeTimeout},
+		{"KeepAlivePeriod", &c.KeepAlivePeriod, d.KeepAlivePeriod},
+		{"MaxIdleTimeout", &c.MaxIdleTimeout, d.MaxIdleTimeout},
+		{"RecheckInterval", &c.RecheckInterval, d.RecheckInterval},
+	} {
+		if *f.p < 0 {
+			return c, fmt.Errorf("%s: negative duration %v", f.name, *f.p)
+		}
+		if *f.p == 0 {
+			*f.p = f.def
+		}
+	}
+	if c.MaxStreamsPerPeer < 0 {
+		return c, errors.New("MaxStreamsPerPeer: negative")
+	}
+	if c.MaxStreamsPerPeer == 0 {
+		c.MaxStreamsPerPeer = d.MaxStreamsPerPeer
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if err := ValidateNodeName(c.Name); err != nil {
+		return c, fmt.Errorf("Name: %w", err)
+	}
+	if len(c.Key) != ed25519.PrivateKeySize {
+		return c, fmt.Errorf("Key: %d bytes, want an ed25519 private key", len(c.Key))
+	}
+	if c.Peers == nil {
+		return c, errors.New("Peers: required")
+	}
+	if c.PacketConn == nil {
+		if c.Listen == "" {
+			return c, errors.New("Listen: required (or PacketConn)")
+		}
+		if _, _, err := splitHostPort(c.Listen); err != nil {
+			return c, fmt.Errorf("Listen: %w", err)
+		}
+	}
+	if c.KeepAlivePeriod >= c.MaxIdleTimeout {
+		return c, fmt.Errorf("KeepAlivePeriod: %v is not shorter than MaxIdleTimeout %v", c.KeepAlivePeriod, c.MaxIdleTimeout)
+	}
+	return c, nil
+}
+
+// Transport is the agent-to-agent HTTP/3 transport over QUIC. One UDP socket
+// serves peers (Serve) and dials them (RoundTrip); one connection per peer
+// is kept and reused. Both sides present a self-signed certificate of their
+// node key and pin the other's key to an admitted node (client certificates
+// are required); there are no session tickets and no 0-RTT.
+//
+// quic-go wants UDP socket buffers of about 7 MB; the sysctl drop-in
+// configs/60-infermesh-quic.conf raises the kernel limits (net.core.rmem_max,
+// net.core.wmem_max) so it can.
+//
+// All methods are safe for concurrent use.
+type Transport struct {
+	cfg TransportConfig
+	log *zap.Logger
+	dir PeerDirectory
+
+	pc    net.PacketConn
+	ownPC bool
+	qt    *quic.Transport
+	h3    *http3.Transport
+	srv   *http3.Server
+
+	cert       tls.Certificate
+	clientTLS  *tls.Config
+	clientQUIC *quic.Config
+	serverQUIC *quic.Config
+
+	mu      sync.Mutex
+	dialed  map[string]*dialedConn   // node -> the connection we dialed
+	served  map[*quic.Conn]*verified // connections peers dialed to us
+	ln      *quic.Listener
+	serving bool
+	closed  bool
+	closing chan struct{}
+
+	refusals  refusals
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// dialedConn is a connection we dialed, with what it was verified against.
+type dialedConn struct {
+	conn *quic.Conn
+	node string
+	addr string
+	key  ed25519.PublicKey
+}
+
+// verified is the identity a connection was verified as in its handshake.
+type verified struct {
+	node string
+	key  ed25519.PublicKey
+}
+
+type peerCtxKey struct{}
+
+// NewTransport binds the UDP socket (unless cfg.PacketConn is given) and
+// returns a Transport that can dial peers at once; call Serve to accept
+// theirs. Close releases everything.
+func NewTransport(cfg TransportConfig) (*Transport, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("mesh transport config: %w", err)
+	}
+	cert, err := nodeCertificate(cfg.Name, cfg.Key)
+	if err != nil {
+		return nil, fmt.Errorf("mesh transport: %w", err)
+	}
+	t := &Transport{
+		cfg:     cfg,
+		log:     cfg.Logger.With(zap.String("node", cfg.Name)),
+		dir:     cfg.Peers,
+		cert:    cert,
+		dialed:  map[string]*dialedConn{},
+		served:  map[*quic.Conn]*verified{},
+		closing: make(chan struct{}),
+	}
+	t.refusals.init()
+	t.pc = cfg.PacketConn
+	if t.pc == nil {
+		ua, err := net.ResolveUDPAddr("udp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("mesh transport: Listen %q: %w", cfg.Listen, err)
+		}
+		uc, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			return nil, fmt.Errorf("mesh transport: %w", err)
+		}
+		t.pc, t.ownPC = uc, true
+	}
+	t.qt = &quic.Transport{Conn: t.pc}
+
+	common := quic.Config{
+		HandshakeIdleTimeout: cfg.HandshakeTimeout,
+		MaxIdleTimeout:       cfg.MaxIdleTimeout,
+		KeepAlivePeriod:      cfg.KeepAlivePeriod,
+		Allow0RTT:            false,
+	}
+	t.clientQUIC = common.Clone()
+	t.clientQUIC.MaxIncomingStreams = -1 // peers never open request streams towards their client
+	t.serverQUIC = common.Clone()
+	t.serverQUIC.MaxIncomingStreams = cfg.MaxStreamsPerPeer
+
+	t.clientTLS = baseTLSConfig(cert)
+	t.clientTLS.ClientSessionCache = nil
+	t.h3 = &http3.Transport{
+		TLSClientConfig:    t.clientTLS,
+		QUICConfig:         t.clientQUIC,
+		Dial:               t.dial,
+		DisableCompression: true,
+	}
+	t.srv = &http3.Server{
+		Handler:        http.HandlerFunc(t.servePeer),
+		MaxHeaderBytes: 64 << 10,
+		ConnContext:    t.connContext,
+	}
+	return t, nil
+}
+
+// Addr is the bound UDP address.
+func (t *Transport) Addr() net.Addr { return t.pc.LocalAddr() }
+
+// Serve accepts peers' connections and serves their requests with the
+// configured Handler, and re-checks live connections against the directory,
+// until ctx ends or Close is called; then it closes the transport and
+// returns nil. It returns an error when the listener cannot start or fails.
+// Serve may be called once.
+func (t *Transport) Serve(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrTransportClosed
+	}
+	if t.serving {
+		t.mu.Unlock()
+		return errors.New("mesh transport: Serve called twice")
+	}
+	t.serving = true
+	ln, err := t.qt.Listen(t.serverTLSConfig(), t.serverQUIC)
+	if err != nil {
+		t.mu.Unlock()
+		return fmt.Errorf("mesh transport: listen: %w", err)
+	}
+	t.ln = ln
+	t.mu.Unlock()
+	t.checkBuffers()
+	t.log.Info("mesh transport serving", zap.String("addr", t.Addr().String()))
+
+	errc := make(chan error, 1) // buffered: the server goroutine never blocks on exit
+	go func() { errc <- t.srv.ServeListener(ln) }()
+	tick := time.NewTicker(t.cfg.RecheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = t.Close()
+			<-errc
+			return nil
+		case <-t.closing:
+			<-errc
+			return nil
+		case err := <-errc:
+			_ = t.Close()
+			if errors.Is(err, http.ErrServerClosed) {
+				return nil
+			}
+			return fmt.Errorf("mesh transport: serve: %w", err)
+		case <-tick.C:
+			t.recheck()
+		}
+	}
+}
+
+// Shutdown stops accepting new requests from peers (GOAWAY) and waits for
+// those in flight until ctx ends, then closes the transport.
+func (t *Transport) Shutdown(ctx context.Context) error {
+	err := t.srv.Shutdown(ctx)
+	if cerr := t.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Close closes every connection (peers are told, with CONNECTION_CLOSE),
+// stops serving and releases the socket when the transport bound it. Idempotent.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.mu.Lock()
+		t.closed = true
+		close(t.closing)
+		ln := t.ln
+		t.mu.Unlock()
+		var errs []error
+		// The server first: it tells its peers and waits for its handlers.
+		if err := t.srv.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("server: %w", err))
+		}
+		if ln != nil {
+			_ = ln.Close()
+		}
+		if err := t.h3.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("client: %w", err))
+		}
+		if err := t.qt.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("quic: %w", err))
+		}
+		if t.ownPC {
+			if err := t.pc.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, fmt.Errorf("socket: %w", err))
+			}
+		}
+		t.closeErr = errors.Join(errs...)
+	})
+	return t.closeErr
+}
+
+// RoundTrip sends r to the peer agent named by r.URL.Host (a node id, no
+// port) over HTTP/3, scheme https. The peer must be admitted now; it is
+// dialed at its PeerAddr and its certificate pinned to its PeerKey. A live
+// connection to it is reused unless the peer's key or address changed since
+// it was verified. Cancelling r's context resets the request stream, which
+// cancels the request on the peer.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	node := r.URL.Host
+	fail := func(err error) (*http.Response, error) {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, err
+	}
+	if err := ValidateNodeName(node); err != nil {
+		return fail(fmt.Errorf("mesh transport: request host %q is not a node id: %w", node, err))
+	}
+	if !t.dir.IsAdmitted(node) {
+		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
+	}
+	addr, ok := t.dir.PeerAddr(node)
+	if !ok {
+		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
+	}
+	key, ok := t.dir.PeerKey(node)
+	if !ok {
+		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return fail(ErrTransportClosed)
+	}
+	d := t.dialed[node]
+	stale := d != nil && (d.addr != addr || !d.key.Equal(key))
+	if stale {
+		delete(t.dialed, node)
+	}
+	t.mu.Unlock()
+	if stale {
+		// http3 finds the connection closed and dials afresh (pinning the new key).
+		_ = d.conn.CloseWithError(quic.ApplicationErrorCode(http3.ErrCodeNoError), "peer identity changed")
+	}
+	resp, err := t.h3.RoundTrip(r)
+	if err != nil {
+		if errors.Is(err, http3.ErrTransportClosed) {
+			return nil, ErrTransportClosed
+		}
+		return nil, fmt.Errorf("peer %q: %w", node, err)
+	}
+	return resp, nil
+}
+
+// dial is http3's dial function: hostport is "<node>:443" (http3 adds the
+// default port to the URL host). It dials the node's advertised address
+// from our socket and pins its certificate to the node's key.
+func (t *Transport) dial(ctx context.Context, hostport string, tlsCfg *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+	node, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, err
+	}
+	addr, ok := t.dir.PeerAddr(node)
+	if !ok {
+		return nil, fmt.Errorf("peer %q: %w", node, ErrUnknownPeer)
+	}
+	key, ok := t.dir.PeerKey(node)
+	if !ok {
+		return nil, fmt.Errorf("peer %q: %w", node, ErrUnknownPeer)
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.HandshakeTimeout)
+	defer cancel()
+	ua, err := resolveUDP(ctx, addr)
+	if err != nil {
+		return nil, fmt.Errorf("peer %q: address %q: %w", node, addr, err)
+	}
+	tlsCfg.ServerName = node
+	tlsCfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if _, got, err := verifyNodeCert(t.dir, raw, node); err != nil {
+			t.refused(err, "addr:"+addr)
+			return err
+		} else if !got.Equal(key) {
+			// The directory changed between lookup and handshake: stay
+			// consistent with what RoundTrip will compare against.
+			return &refusalError{why: RefusedKeyMismatch, node: node, msg: "peer key changed during the handshake"}
+		}
+		return nil
+	}
+	conn, err := t.qt.Dial(ctx, ua, tlsCfg, qc)
+	if err != nil {
+		return nil, fmt.Errorf("dial peer %q at %s: %w", node, addr, err)
+	}
+	t.mu.Lock()
+	closed := t.closed
+	if !closed {
+		t.dialed[node] = &dialedConn{conn: conn, node: node, addr: addr, key: key}
+	}
+	t.mu.Unlock()
+	if closed {
+		_ = conn.CloseWithError(quic.ApplicationErrorCode(http3.ErrCodeNoError), "")
+		return nil, ErrTransportClosed
+	}
+	t.log.Debug("dialed peer", zap.String("peer", node), zap.String("addr", addr))
+	return conn, nil
+}
+
+func resolveUDP(ctx context.Context, addr string) (*net.UDPAddr, error) {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, err
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("no address for %q", host)
+	}
+	return &net.UDPAddr{IP: ips[0].Unmap().AsSlice(), Port: port}, nil
+}
+
+// serverTLSConfig asks every client for its certificate and pins it; a
+// config per handshake lets a refusal name the remote address.
+func (t *Transport) serverTLSConfig() *tls.Config {
+	base := baseTLSConfig(t.cert)
+	// RequestClientCert rather than Require: VerifyPeerCertificate then sees
+	// (and refuses, counts and audits) a client without a certificate too.
+	base.ClientAuth = tls.RequestClientCert
+	base.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		remote := "unknown"
+		if hello.Conn != nil && hello.Conn.RemoteAddr() != nil {
+			remote = hello.Conn.RemoteAddr().String()
+		}
+		c := baseTLSConfig(t.cert)
+		c.ClientAuth = tls.RequestClientCert
+		c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			_, _, err := verifyNodeCert(t.dir, raw, "")
+			if err != nil {
+				t.refused(err, "addr:"+remote)
+			}
+			return err
+		}
+		return c, nil
+	}
+	return base
+}
+
+// connContext attaches the verified peer to every request of a connection
+// and registers the connection for re-checks.
+func (t *Transport) connContext(ctx context.Context, c *quic.Conn) context.Context {
+	cs := c.ConnectionState().TLS
+	node, key, ok := peerOfState(&cs)
+	if !ok {
+		return ctx // servePeer refuses: the handshake should have made this impossible
+	}
+	v := &verified{node: node, key: key}
+	t.mu.Lock()
+	t.served[c] = v
+	t.mu.Unlock()
+	return context.WithValue(ctx, peerCtxKey{}, v)
+}
+
+// PeerFromRequest returns the node a request's connection was verified as,
+// for requests served by a Transport. It is the only peer identity to trust:
+// headers and the request's host say nothing about who sent it.
+func PeerFromRequest(r *http.Request) (string, bool) {
+	v, ok := r.Context().Value(peerCtxKey{}).(*verified)
+	if !ok {
+		return "", false
+	}
+	return v.node, true
+}
+
+// servePeer re-checks the peer's admission (it may have been revoked since
+// the handshake; the re-check loop closes such connections, this closes the
+// window) and hands the request to the Handler.
+func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
+	v, ok := r.Context().Value(peerCtxKey{}).(*verified)
+	if !ok {
+		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "peer identity unknown")
+		return
+	}
+	if !t.stillValid(v.node, v.key) {
+		t.refused(&refusalError{why: RefusedNotAdmitted, node: v.node, msg: "no longer admitted"}, "")
+		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "this node does not admit you")
+		return
+	}
+	if t.cfg.Handler == nil {
+		writePeerError(w, http.StatusNotFound, "not_found_error", "unknown_url", "nothing is served to peers here")
+		return
+	}
+	t.cfg.Handler.ServeHTTP(w, r)
+}
+
+func (t *Transport) stillValid(node string, key ed25519.PublicKey) bool {
+	if !t.dir.IsAdmitted(node) {
+		return false
+	}
+	k, ok := t.dir.PeerKey(node)
+	return ok && k.Equal(key)
+}
+
+// writePeerError writes an OpenAI-shaped error.
+func writePeerError(w http.ResponseWriter, status int, typ, code, msg string) {
+	b := []byte(`{"error":{"message":` + strconv.Quote(msg) + `,"type":` + strconv.Quote(typ) +
+		`,"param":null,"code":` + strconv.Quote(code) + "}}\n")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// recheck closes connections whose peer is no longer admitted, changed its
+// key, or (for ours) moved, and forgets closed ones. Collects under the
+// lock, asks the directory and closes after.
+func (t *Transport) recheck() {
+	type entry struct {
+		conn   *quic.Conn
+		node   string
+		key    ed25519.PublicKey
+		addr   string
+		dialed bool
+	}
+	t.mu.Lock()
+	list := make([]entry, 0, len(t.dialed)+len(t.served))
+	for _, d := range t.dialed {
+		list = append(list, entry{d.conn, d.node, d.key, d.addr, true})
+	}
+	for c, v := range t.served {
+		list = append(list, entry{c, v.node, v.key, "", false})
+	}
+	t.mu.Unlock()
+	var gone []entry
+	for _, e := range list {
+		if e.conn.Context().Err() != nil {
+			gone = append(gone, e)
+			continue
+		}
+		why := ""
+		switch {
+		case !t.stillValid(e.node, e.key):
+			why = "peer no longer admitted"
+		case e.dialed:
+			if a, ok := t.dir.PeerAddr(e.node); !ok || a != e.addr {
+				why = "peer address changed"
+			}
+		}
+		if why != "" {
+			t.log.Info("closing peer connection", zap.String("peer", e.node), zap.Bool("dialed", e.dialed), zap.String("why", why))
+			_ = e.conn.CloseWithError(quic.ApplicationErrorCode(http3.ErrCodeNoError), why)
+			gone = append(gone, e)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	t.mu.Lock()
+	for _, e := range gone {
+		if e.dialed {
+			if d := t.dialed[e.node]; d != nil && d.conn == e.conn {
+				delete(t.dialed, e.node)
+			}
+		} else {
+			delete(t.served, e.conn)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// refused counts a refusal and reports it (rate-limited) to OnRefused.
+func (t *Transport) refused(err error, fallback string) {
+	var re *refusalError
+	if !errors.As(err, &re) {
+		return
+	}
+	peer := re.node
+	if peer == "" {
+		peer = fallback
+	}
+	if !t.refusals.count(AuditQUICRefused, peer, "", re.why) {
+		return
+	}
+	t.log.Info("peer refused", zap.String("peer", peer), zap.String("why", re.why), zap.String("detail", re.msg))
+	if t.cfg.OnRefused != nil {
+		t.cfg.OnRefused(peer, re.why)
+	}
+}
+
+// Refusals returns how many peers were refused, by reason (the Refused*
+// constants).
+func (t *Transport) Refusals() map[string]uint64 { return t.refusals.snapshot() }
+
+// desiredUDPBuffer is the socket buffer size quic-go asks for.
+const desiredUDPBuffer = 7 << 20
+
+// checkBuffers warns when the kernel kept the socket buffers below what
+// quic-go asked for (it tries, and as root forces, on Listen).
+func (t *Transport) checkBuffers() {
+	sc, ok := t.pc.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	var rcv, snd int
+	_ = raw.Control(func(fd uintptr) {
+		rcv, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		snd, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF)
+	})
+	if rcv < desiredUDPBuffer || snd < desiredUDPBuffer {
+		t.log.Warn("UDP socket buffers are smaller than QUIC wants; install configs/60-infermesh-quic.conf in /etc/sysctl.d and run sysctl --system",
+			zap.Int("receive_bytes", rcv), zap.Int("send_bytes", snd), zap.Int("want_bytes", desiredUDPBuffer))
+	}
+}
