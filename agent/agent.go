@@ -61,7 +61,7 @@ type Agent struct {
 	table     *placement.Table
 	proxy     *proxy.Proxy
 	metrics   *metrics.Metrics
-	admission lateAdmission
+	admission mesh.AdmissionProxy
 
 	started time.Time
 

@@ -7,13 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/mesh"
-	"github.com/infermesh/infermesh/placement"
 )
 
 // MeshTrust converts the trust section into the mesh's form, naming the
@@ -65,23 +63,6 @@ func (c *Config) certificateText() (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// lateAdmission lets the placement table be built before the mesh (which
-// needs the table as its advert sink): until the mesh is set, nobody is
-// admitted.
-type lateAdmission struct{ m atomic.Pointer[mesh.Mesh] }
-
-var _ placement.Admission = (*lateAdmission)(nil)
-
-func (l *lateAdmission) IsAdmitted(node string) bool {
-	m := l.m.Load()
-	return m != nil && m.IsAdmitted(node)
-}
-
-func (l *lateAdmission) MayServe(node string) bool {
-	m := l.m.Load()
-	return m != nil && m.MayServe(node)
-}
-
 // startMesh creates the node's mesh membership and starts joining in the
 // background. It returns nil, nil when no mesh is configured.
 func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
@@ -123,7 +104,7 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.admission.m.Store(m)
+	a.admission.Bind(m)
 	return m, nil
 }
 

@@ -1,21 +1,15 @@
 package provision
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
@@ -23,13 +17,14 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
 
+	"github.com/infermesh/infermesh/internal/testimage"
 	"github.com/infermesh/infermesh/placement"
 )
 
 // testImage is built in TestMain, FROM scratch, from the static demo model
 // binary and the rowrite helper. Its default command serves the demo model
 // on 0.0.0.0:8080.
-const testImage = "infermesh-demo:test"
+const testImage = testimage.Tag
 
 // runID makes this test run's site names unique, so parallel runs (and
 // other engineers' runs) on one engine never see each other's containers.
@@ -57,83 +52,7 @@ func buildTestImage() error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "provision-image-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	bins := map[string]string{
-		"infermesh-demo": "./cmd/infermesh-demo",
-		"rowrite":        "./provision/internal/testbin/rowrite",
-	}
-	for name, pkg := range bins {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
-		}
-	}
-	dockerfile := "FROM scratch\n" +
-		"COPY infermesh-demo /infermesh-demo\n" +
-		"COPY rowrite /rowrite\n" +
-		`CMD ["/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo"]` + "\n"
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(name string, mode int64, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(data))}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
-		return err
-	}
-	for name := range bins {
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return err
-		}
-		if err := add(name, 0o755, data); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-
-	cli, err := NewDockerClient()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	resp, err := cli.ImageBuild(ctx, &buf, build.ImageBuildOptions{
-		Tags:        []string{testImage},
-		Remove:      true,
-		ForceRemove: true,
-	})
-	if err != nil {
-		return fmt.Errorf("image build: %w", err)
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var msg struct {
-			Error string `json:"error"`
-		}
-		if err := dec.Decode(&msg); err == io.EOF {
-			break
-		} else if err != nil {
-			return fmt.Errorf("image build output: %w", err)
-		}
-		if msg.Error != "" {
-			return fmt.Errorf("image build: %s", msg.Error)
-		}
-	}
-	return nil
+	return testimage.Build(root, testImage)
 }
 
 // testSite returns a site name unique to this test run and test, and
