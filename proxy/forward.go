@@ -25,41 +25,100 @@ var hopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
+// connectionNamed returns the header names h's Connection header lists
+// (hop-by-hop by declaration), canonicalized; nil when there are none.
+func connectionNamed(h http.Header) []string {
+	var named []string
+	for _, v := range h["Connection"] {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				named = append(named, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	return named
+}
+
+// forwardable reports whether the header k may be forwarded: not
+// hop-by-hop (nor named by the Connection header, connNamed), not a
+// framing or routing header the proxy sets itself, and, with skipAuth, not
+// a credential meant for this hop only (an app's API key never leaves the
+// host).
+func forwardable(k string, connNamed []string, skipAuth bool) bool {
+	for _, h := range hopHeaders {
+		if k == h {
+			return false
+		}
+	}
+	for _, h := range connNamed {
+		if k == h {
+			return false
+		}
+	}
+	if skipAuth && (k == "Authorization" || k == "Cookie") {
+		return false
+	}
+	switch k {
+	case "Content-Length", "Host", RoleHeader:
+		return false
+	}
+	return true
+}
+
 // copyHeaders copies src into dst without hop-by-hop headers (including those
 // src's Connection header names). skipAuth drops credentials meant for this
 // hop only (an app's API key never leaves the host).
 func copyHeaders(dst, src http.Header, skipAuth bool) {
-	var connNamed []string
-	if c := src["Connection"]; len(c) > 0 {
-		for _, v := range c {
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					connNamed = append(connNamed, http.CanonicalHeaderKey(f))
-				}
-			}
-		}
-	}
-outer:
+	connNamed := connectionNamed(src)
 	for k, vv := range src {
-		for _, h := range hopHeaders {
-			if k == h {
-				continue outer
-			}
+		if forwardable(k, connNamed, skipAuth) {
+			dst[k] = vv
 		}
-		for _, h := range connNamed {
-			if k == h {
-				continue outer
-			}
-		}
-		if skipAuth && (k == "Authorization" || k == "Cookie") {
-			continue
-		}
-		switch k {
-		case "Content-Length", "Host", RoleHeader:
-			continue
-		}
-		dst[k] = vv
 	}
+}
+
+// validHeaderValue reports whether v can be written on an HTTP/1.1 header
+// line as it is (no control characters but tab).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// appendRequestHead appends the head of the request forwarded to a local
+// instance: the request line, Host, the client's end-to-end headers,
+// Content-Type and Content-Length n.
+func appendRequestHead(dst []byte, r *http.Request, host, path string, n int) []byte {
+	dst = append(dst, "POST "...)
+	dst = append(dst, path...)
+	if q := r.URL.RawQuery; q != "" {
+		dst = append(dst, '?')
+		dst = append(dst, q...)
+	}
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	dst = append(dst, "\r\n"...)
+	connNamed := connectionNamed(r.Header)
+	for k, vv := range r.Header {
+		if k == "Content-Type" || !forwardable(k, connNamed, false) {
+			continue
+		}
+		for _, v := range vv {
+			if !validHeaderValue(v) {
+				continue
+			}
+			dst = append(dst, k...)
+			dst = append(dst, ": "...)
+			dst = append(dst, v...)
+			dst = append(dst, "\r\n"...)
+		}
+	}
+	dst = append(dst, "Content-Type: application/json\r\nContent-Length: "...)
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	return append(dst, "\r\n\r\n"...)
 }
 
 // attemptError says why one candidate could not serve a request before any
@@ -72,7 +131,19 @@ type attemptError struct {
 // forward tries the candidates in order. A candidate that fails before its
 // response starts is skipped; once a response has started there is no retry,
 // and a failure aborts the client's response.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, body []byte, asked []byte, cands []placement.Candidate) {
+//
+// forward owns buf, the request body: it releases it once a response is
+// chosen, so a long stream does not hold it. asked must not point into it.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf *bodyBuf, asked []byte, cands []placement.Candidate) {
+	body := buf.b
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			buf.release()
+		}
+	}
+	defer release()
 	start := time.Now()
 	var last *attemptError
 	for i, c := range cands {
@@ -115,6 +186,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, bod
 			last = &attemptError{target: target, api: errUpstream(target + " answered 503")}
 			continue
 		}
+		release()
 		p.respond(w, r, role, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", start)
 		return
 	}
@@ -166,35 +238,56 @@ func pinnedBody(dst, body []byte, model string) []byte {
 	return append(dst, rest...)
 }
 
-// urlCache holds parsed instance base URLs; bases rarely change.
-var urlCache sync.Map // string -> *url.URL
+// instance is a parsed instance base URL.
+type instance struct {
+	u      *url.URL
+	direct bool   // plain http: served by the proxy's own upstream client
+	dial   string // host:port to dial
+	prefix string // escaped path prefix of the base
+}
 
-func baseURL(base string) (*url.URL, error) {
-	if u, ok := urlCache.Load(base); ok {
-		return u.(*url.URL), nil
+// instanceCache holds parsed instance bases; bases rarely change.
+var instanceCache sync.Map // string -> *instance
+
+func baseInstance(base string) (*instance, error) {
+	if in, ok := instanceCache.Load(base); ok {
+		return in.(*instance), nil
 	}
 	u, err := url.Parse(base)
 	if err != nil {
 		return nil, err
 	}
-	urlCache.Store(base, u)
-	return u, nil
+	in := &instance{u: u, direct: u.Scheme == "http" && u.User == nil, dial: u.Host, prefix: strings.TrimSuffix(u.EscapedPath(), "/")}
+	if u.Port() == "" {
+		in.dial = net.JoinHostPort(u.Hostname(), "80")
+	}
+	instanceCache.Store(base, in)
+	return in, nil
 }
 
 func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candidate) (*http.Response, error) {
-	bu, err := baseURL(c.Base)
+	in, err := baseInstance(c.Base)
 	if err != nil {
 		return nil, err
 	}
 	out := getBodyBuf()
+	defer out.release()
 	if c.Model != "" {
 		out.b = pinnedBody(out.b[:0], body, c.Model)
 	} else {
 		out.b = append(out.b[:0], body...)
 	}
-	defer out.release()
-	u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
-	return p.local.RoundTrip(p.outRequest(r, u, out, false))
+	if !in.direct {
+		bu := in.u
+		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
+		return p.local.RoundTrip(p.outRequest(r, u, out, false))
+	}
+	// The whole request, head and body, in one buffer: one write.
+	req := getBodyBuf()
+	defer req.release()
+	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b))
+	req.b = append(req.b, out.b...)
+	return p.up.roundTrip(r.Context(), in.dial, req.b)
 }
 
 func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c placement.Candidate) (*http.Response, error) {
@@ -243,7 +336,10 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 	isJSON := strings.HasPrefix(ct, "application/json")
 
 	if rewrite && isJSON && !sse {
-		b, err := readAllLimit(resp.Body, resp.ContentLength, 256<<20)
+		buf := getBodyBuf()
+		defer buf.release()
+		b, err := readAllLimit(buf.b[:0], resp.Body, resp.ContentLength, 256<<20)
+		buf.b = b
 		if err != nil {
 			// Nothing was sent yet: the client gets a clean error.
 			WriteError(w, errUpstream(target+": reading response: "+err.Error()))
@@ -251,7 +347,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 			return
 		}
 		b = rewriteModel(b, asked)
-		h.Set("Content-Length", strconv.Itoa(len(b)))
+		h["Content-Length"] = []string{strconv.Itoa(len(b))}
 		w.WriteHeader(resp.StatusCode)
 		n, _ := w.Write(b)
 		p.done(role, target, resp.StatusCode, start, int64(n), false)
@@ -294,12 +390,14 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 
 var errClientGone = errors.New("client write failed")
 
-// readAllLimit reads r fully, refusing more than limit bytes.
-func readAllLimit(r io.Reader, hint int64, limit int64) ([]byte, error) {
+// readAllLimit appends r's bytes to b, refusing more than limit bytes.
+func readAllLimit(b []byte, r io.Reader, hint int64, limit int64) ([]byte, error) {
 	if hint < 0 || hint > limit {
 		hint = 4096
 	}
-	b := make([]byte, 0, hint+1)
+	if int64(cap(b)) < hint+1 {
+		b = make([]byte, 0, hint+1)
+	}
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
@@ -318,12 +416,20 @@ func readAllLimit(r io.Reader, hint int64, limit int64) ([]byte, error) {
 	}
 }
 
-var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var (
+	copyBufPool   = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+	streamBufPool = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+)
 
 // copyFlush copies src to w, flushing whenever src has nothing more ready.
+// Streams (flushEach) use a small buffer: an open stream holds it.
 func copyFlush(w io.Writer, rc *http.ResponseController, src io.Reader, flushEach bool) (int64, error) {
-	bp := copyBufPool.Get().(*[]byte)
-	defer copyBufPool.Put(bp)
+	pool := &copyBufPool
+	if flushEach {
+		pool = &streamBufPool
+	}
+	bp := pool.Get().(*[]byte)
+	defer pool.Put(bp)
 	buf := *bp
 	var n int64
 	for {
@@ -349,7 +455,14 @@ func copyFlush(w io.Writer, rc *http.ResponseController, src io.Reader, flushEac
 	}
 }
 
-var sseReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+// sseReaderPool holds the line readers of SSE relays. They are small
+// because an open stream holds one; a longer line is gathered into a
+// separate buffer (up to maxSSELine) so it is still rewritten whole.
+var sseReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
+// maxSSELine bounds the line an SSE relay gathers to rewrite; longer lines
+// pass through untouched.
+const maxSSELine = 1 << 20
 
 // copySSE relays a server-sent event stream line by line: comments, unknown
 // fields and [DONE] pass through untouched, and when rewrite is set the
@@ -364,8 +477,18 @@ func copySSE(w io.Writer, rc *http.ResponseController, src io.Reader, asked []by
 	br.Reset(src)
 	defer func() { br.Reset(nil); sseReaderPool.Put(br) }()
 	var n int64
+	var long []byte
 	for {
 		line, rerr := br.ReadSlice('\n')
+		if rerr == bufio.ErrBufferFull {
+			// A line longer than the reader's buffer: gather it.
+			long = append(long[:0], line...)
+			for rerr == bufio.ErrBufferFull && len(long) < maxSSELine {
+				line, rerr = br.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			line = long
+		}
 		if len(line) > 0 {
 			if rerr == nil && len(line) > 6 && string(line[:5]) == "data:" {
 				j := 5

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -56,30 +57,31 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			WriteError(w, apiErr)
 			return
 		}
-		defer buf.release()
 		body := buf.b
 		ms, me, found, err := modelSpan(body)
 		if err != nil {
+			buf.release()
 			WriteError(w, errBadJSON("request body: "+err.Error()))
 			return
 		}
-		var asked []byte // the literal the client asked for, echoed back in responses
-		if found {
-			asked = body[ms:me]
+		// The literal the client asked for, echoed back in responses. It
+		// must outlive the body, which forward releases early.
+		asked := roleLit
+		if found && string(body[ms:me]) != string(roleLit) {
+			asked = bytes.Clone(body[ms:me])
 		}
 		cands := p.cfg.Resolver.Resolve(role)
-		if asked != nil && string(asked) != string(roleLit) && !modelKnown(asked, cands) {
+		if found && &asked[0] != &roleLit[0] && !modelKnown(asked, cands) {
+			buf.release()
 			WriteError(w, errModelNotFound(decodeModel(asked), role))
 			return
 		}
 		if len(cands) == 0 {
+			buf.release()
 			WriteError(w, errNoInstance(role))
 			return
 		}
-		if asked == nil {
-			asked = roleLit
-		}
-		p.forward(w, r, role, body, asked, cands)
+		p.forward(w, r, role, buf, asked, cands)
 	})
 }
 
@@ -141,19 +143,19 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, apiErr)
 			return
 		}
-		defer buf.release()
 		body := buf.b
 		ms, me, found, err := modelSpan(body)
 		if err != nil {
+			buf.release()
 			WriteError(w, errBadJSON("request body: "+err.Error()))
 			return
 		}
 		asked := quoteModel(role)
 		if found {
-			asked = body[ms:me]
+			asked = bytes.Clone(body[ms:me]) // outlives the body
 		}
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
-		p.forward(w, r, role, body, asked, cand)
+		p.forward(w, r, role, buf, asked, cand)
 	})
 }
 

@@ -118,7 +118,8 @@ func (c *Config) fill() error {
 // share.
 type Proxy struct {
 	cfg   Config
-	local *http.Transport
+	up    *upstreamClient // plain-http local instances (the hot path)
+	local *http.Transport // local instances with other schemes
 	log   *zap.Logger
 
 	mu      sync.Mutex
@@ -151,7 +152,8 @@ func New(cfg Config) (*Proxy, error) {
 		WriteBufferSize:       16 << 10,
 		ReadBufferSize:        16 << 10,
 	}
-	return &Proxy{cfg: cfg, local: tr, log: cfg.Logger, servers: map[string]*roleServer{}}, nil
+	up := newUpstreamClient(cfg.ConnectTimeout, cfg.UpstreamTimeout, cfg.MaxIdleConnsPerUpstream)
+	return &Proxy{cfg: cfg, up: up, local: tr, log: cfg.Logger, servers: map[string]*roleServer{}}, nil
 }
 
 // ErrClosed is returned by Listen after Shutdown.
@@ -251,6 +253,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	p.up.closeIdle(true)
 	p.local.CloseIdleConnections()
 	return errors.Join(errs...)
 }

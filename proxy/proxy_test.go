@@ -3,8 +3,8 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -29,13 +29,13 @@ func TestMain(m *testing.M) {
 
 // env is one proxy with role "chat" on an ephemeral loopback port.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	table *placement.Table
 	proxy *Proxy
 	url   string // http://127.0.0.1:port
 }
 
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	table, err := placement.New(placement.Config{NodeID: "a"})
 	if err != nil {
@@ -583,8 +583,8 @@ func TestFailoverBeforeFirstByte(t *testing.T) {
 	defer busy.Close()
 	cands := fakeResolver{
 		{Kind: placement.KindLocal, Base: "http://127.0.0.1:1", Model: "m"}, // nothing listens
-		{Kind: placement.KindRemote, Node: "b"},                            // 503
-		{Kind: placement.KindRemote, Node: "gone"},                         // dial fails
+		{Kind: placement.KindRemote, Node: "b"},                             // 503
+		{Kind: placement.KindRemote, Node: "gone"},                          // dial fails
 		{Kind: placement.KindRemote, Node: "c"},
 	}
 	e := newEnv(t, Config{Resolver: cands, Remote: loopRemote{"b": busy.URL, "c": peer.URL}})

@@ -1,0 +1,549 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/textproto"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// upstreamClient is the HTTP/1.1 client of local instances. It replaces
+// http.Transport on the hot path: the request (head and body) goes out in
+// one write from the handler's goroutine, and the response is read there
+// too, so a request costs no goroutine hand-offs (the transport's readLoop
+// and writeLoop) and far fewer allocations, and an open stream holds one
+// 4 KiB read buffer instead of two goroutines and 32 KiB of buffers.
+//
+// Semantics kept from the transport: keep-alive connections pooled per
+// host (at most maxIdle idle each); a connect timeout; a timeout for the
+// response head; the request context closing the connection when it ends
+// (client disconnect reaches the instance); a request that failed on a
+// reused connection before any response byte arrived (the instance had
+// closed it while idle) sent again once on a new connection.
+//
+// Safe for concurrent use.
+type upstreamClient struct {
+	dialer        net.Dialer
+	headerTimeout time.Duration
+	maxIdle       int
+	idleTimeout   time.Duration
+
+	mu     sync.Mutex
+	idle   map[string][]*upConn // by host:port; most recently used last
+	closed bool
+}
+
+// upConn is one connection to an instance.
+type upConn struct {
+	nc     net.Conn
+	br     *bufio.Reader
+	host   string
+	idleAt time.Time
+}
+
+// upReadBufSize is the read buffer of an upstream connection: response
+// heads and SSE events are small, and an open stream keeps it.
+const upReadBufSize = 4 << 10
+
+func newUpstreamClient(connectTimeout, headerTimeout time.Duration, maxIdle int) *upstreamClient {
+	return &upstreamClient{
+		dialer:        net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second},
+		headerTimeout: headerTimeout,
+		maxIdle:       maxIdle,
+		idleTimeout:   90 * time.Second,
+		idle:          map[string][]*upConn{},
+	}
+}
+
+// get returns an idle connection to host, or dials one.
+func (u *upstreamClient) get(ctx context.Context, host string, fresh bool) (uc *upConn, reused bool, err error) {
+	if !fresh {
+		now := time.Now()
+		var stale []*upConn
+		u.mu.Lock()
+		list := u.idle[host]
+		for len(list) > 0 {
+			c := list[len(list)-1]
+			list[len(list)-1] = nil
+			list = list[:len(list)-1]
+			if now.Sub(c.idleAt) > u.idleTimeout {
+				stale = append(stale, c)
+				continue
+			}
+			uc = c
+			break
+		}
+		u.idle[host] = list
+		u.mu.Unlock()
+		for _, c := range stale {
+			c.nc.Close()
+		}
+		if uc != nil {
+			return uc, true, nil
+		}
+	}
+	nc, err := u.dialer.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, false, err
+	}
+	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, upReadBufSize), host: host}, false, nil
+}
+
+// put returns a connection whose response was read to its end to the
+// idle pool.
+func (u *upstreamClient) put(uc *upConn) {
+	if uc.br.Buffered() > 0 { // bytes beyond the response: not reusable
+		uc.nc.Close()
+		return
+	}
+	uc.idleAt = time.Now()
+	u.mu.Lock()
+	if u.closed || len(u.idle[uc.host]) >= u.maxIdle {
+		u.mu.Unlock()
+		uc.nc.Close()
+		return
+	}
+	u.idle[uc.host] = append(u.idle[uc.host], uc)
+	u.mu.Unlock()
+}
+
+// dropIdle closes every idle connection to host (the instance closed one
+// while idle: it probably closed them all, e.g. on a restart).
+func (u *upstreamClient) dropIdle(host string) {
+	u.mu.Lock()
+	list := u.idle[host]
+	delete(u.idle, host)
+	u.mu.Unlock()
+	for _, c := range list {
+		c.nc.Close()
+	}
+}
+
+// closeIdle closes every idle connection; with final, later connections
+// are closed instead of pooled.
+func (u *upstreamClient) closeIdle(final bool) {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = map[string][]*upConn{}
+	if final {
+		u.closed = true
+	}
+	u.mu.Unlock()
+	for _, list := range idle {
+		for _, c := range list {
+			c.nc.Close()
+		}
+	}
+}
+
+// errStaleConn marks a failure on a reused connection before any byte of
+// the response arrived: the request can be sent again.
+var errStaleConn = errors.New("instance closed the idle connection")
+
+// roundTrip sends req (a complete HTTP/1.1 request: head and body) to host
+// and reads the response head. The response body reads from the
+// connection; reading it to its end and closing it returns the connection
+// to the pool. The body is not safe for concurrent use.
+func (u *upstreamClient) roundTrip(ctx context.Context, host string, req []byte) (*http.Response, error) {
+	fresh := false
+	for {
+		uc, reused, err := u.get(ctx, host, fresh)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := u.exchange(ctx, uc, req, reused)
+		if err == nil {
+			return resp, nil
+		}
+		if errors.Is(err, errStaleConn) && ctx.Err() == nil && !fresh {
+			u.dropIdle(host)
+			fresh = true
+			continue
+		}
+		return nil, err
+	}
+}
+
+func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, reused bool) (*http.Response, error) {
+	if err := ctx.Err(); err != nil {
+		u.put(uc)
+		return nil, err
+	}
+	// The request context ending (the client went away) closes the
+	// connection, which ends any read or write on it.
+	stop := context.AfterFunc(ctx, func() { uc.nc.Close() })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		uc.nc.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	if u.headerTimeout > 0 {
+		_ = uc.nc.SetDeadline(time.Now().Add(u.headerTimeout))
+	}
+	if _, err := uc.nc.Write(req); err != nil {
+		if reused && !isTimeout(err) {
+			return fail(fmt.Errorf("%w: %w", errStaleConn, err))
+		}
+		return fail(err)
+	}
+	if _, err := uc.br.Peek(1); err != nil {
+		if reused && !isTimeout(err) {
+			return fail(fmt.Errorf("%w: %w", errStaleConn, err))
+		}
+		if isTimeout(err) {
+			return fail(fmt.Errorf("timeout awaiting response headers: %w", err))
+		}
+		return fail(err)
+	}
+	resp, err := readResponseHead(uc.br)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = readResponseHead(uc.br) // informational: the real answer follows
+	}
+	if err != nil {
+		if isTimeout(err) {
+			err = fmt.Errorf("timeout awaiting response headers: %w", err)
+		}
+		return fail(err)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return fail(errors.New("instance switched protocols"))
+	}
+	if u.headerTimeout > 0 {
+		_ = uc.nc.SetDeadline(time.Time{})
+	}
+	b := &upBody{u: u, uc: uc, stop: stop, keep: !resp.Close}
+	switch {
+	case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
+		resp.ContentLength = 0
+		b.mode = bodyLength
+	case len(resp.TransferEncoding) > 0:
+		resp.ContentLength = -1
+		if resp.TransferEncoding[len(resp.TransferEncoding)-1] == "chunked" {
+			b.mode = bodyChunked
+			b.cr = httputil.NewChunkedReader(uc.br)
+		} else {
+			b.mode, b.keep = bodyClose, false
+		}
+	case resp.ContentLength >= 0:
+		b.mode, b.remain = bodyLength, resp.ContentLength
+	default:
+		b.mode, b.keep = bodyClose, false
+	}
+	resp.Body = b
+	if b.mode == bodyLength && b.remain == 0 {
+		b.finish()
+	}
+	return resp, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Body framings.
+const (
+	bodyLength  = iota // Content-Length bytes
+	bodyChunked        // chunked transfer coding
+	bodyClose          // until the instance closes the connection
+)
+
+// upBody is a response body read straight from the connection. Not safe
+// for concurrent use.
+type upBody struct {
+	u      *upstreamClient
+	uc     *upConn
+	stop   func() bool
+	mode   int
+	remain int64
+	cr     io.Reader
+	keep   bool  // the connection may be reused once the body is read
+	err    error // sticky: io.EOF once read to the end
+}
+
+func (b *upBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	var n int
+	var err error
+	switch b.mode {
+	case bodyLength:
+		if int64(len(p)) > b.remain {
+			p = p[:b.remain]
+		}
+		n, err = b.uc.br.Read(p)
+		b.remain -= int64(n)
+		if b.remain == 0 {
+			b.finish()
+			return n, io.EOF
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+	case bodyChunked:
+		n, err = b.cr.Read(p)
+		if err == io.EOF {
+			if terr := readTrailer(b.uc.br); terr != nil {
+				b.err = terr
+				b.release(false)
+				return n, terr
+			}
+			b.finish()
+			return n, io.EOF
+		}
+	default:
+		n, err = b.uc.br.Read(p)
+		if err == io.EOF {
+			b.err = io.EOF
+			b.release(false)
+			return n, io.EOF
+		}
+	}
+	if err != nil {
+		b.err = err
+		b.release(false)
+	}
+	return n, err
+}
+
+// finish marks the body read to its end and hands the connection back.
+func (b *upBody) finish() {
+	b.err = io.EOF
+	b.release(b.keep)
+}
+
+// release gives up the connection: back to the pool when reusable and the
+// context watcher had not fired, closed otherwise.
+func (b *upBody) release(reuse bool) {
+	uc := b.uc
+	if uc == nil {
+		return
+	}
+	b.uc = nil
+	if b.stop() && reuse {
+		b.u.put(uc)
+		return
+	}
+	uc.nc.Close()
+}
+
+// Close closes the connection unless the body was read to its end.
+func (b *upBody) Close() error {
+	if b.err == nil {
+		b.err = errBodyClosed
+	}
+	b.release(false)
+	return nil
+}
+
+var errBodyClosed = errors.New("read on closed response body")
+
+// readTrailer consumes the trailer section after a chunked body's last
+// chunk (httputil's chunked reader stops before it).
+func readTrailer(br *bufio.Reader) error {
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if len(line) <= 2 && (len(line) == 1 || line[0] == '\r') {
+			return nil
+		}
+	}
+}
+
+// maxResponseHead bounds a response's status line and headers.
+const maxResponseHead = 1 << 20
+
+// readResponseHead parses a status line and header block. Header keys are
+// canonicalized; every value shares one string with the whole block, so a
+// head costs a few allocations whatever its size.
+func readResponseHead(br *bufio.Reader) (*http.Response, error) {
+	var stack [2048]byte
+	block := stack[:0]
+	var lines [64]int // end offsets of the lines in block
+	nl := 0
+	extra := []int(nil)
+	for {
+		line, err := br.ReadSlice('\n')
+		for err == bufio.ErrBufferFull {
+			block = append(block, line...)
+			if len(block) > maxResponseHead {
+				return nil, errors.New("response head too large")
+			}
+			line, err = br.ReadSlice('\n')
+		}
+		if err != nil {
+			if err == io.EOF && len(block) > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		block = append(block, line...)
+		if len(block) > maxResponseHead {
+			return nil, errors.New("response head too large")
+		}
+		end := len(block)
+		if nl < len(lines) {
+			lines[nl] = end
+		} else {
+			extra = append(extra, end)
+		}
+		nl++
+		if len(line) == 1 || (len(line) == 2 && line[0] == '\r') {
+			break
+		}
+	}
+	lineEnd := func(i int) int {
+		if i < len(lines) {
+			return lines[i]
+		}
+		return extra[i-len(lines)]
+	}
+	s := string(block) // one allocation for every key and value
+	trim := func(a, b int) (int, int) {
+		for b > a && (s[b-1] == '\n' || s[b-1] == '\r' || s[b-1] == ' ' || s[b-1] == '\t') {
+			b--
+		}
+		for a < b && (s[a] == ' ' || s[a] == '\t') {
+			a++
+		}
+		return a, b
+	}
+	// Status line: HTTP/1.x SP 3DIGIT [SP reason]
+	a, e := trim(0, lineEnd(0))
+	st := s[a:e]
+	if len(st) < 12 || st[:7] != "HTTP/1." || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
+		return nil, fmt.Errorf("malformed response status line %q", st)
+	}
+	code, err := strconv.Atoi(st[9:12])
+	if err != nil || code < 100 {
+		return nil, fmt.Errorf("malformed response status line %q", st)
+	}
+	resp := &http.Response{
+		Status:        st[9:],
+		StatusCode:    code,
+		Proto:         st[:8],
+		ProtoMajor:    1,
+		ProtoMinor:    int(st[7] - '0'),
+		Header:        make(http.Header, nl),
+		ContentLength: -1,
+	}
+	// One backing array for the single-valued headers.
+	vals := make([]string, 0, nl)
+	start := lineEnd(0)
+	for i := 1; i < nl-1; i++ {
+		end := lineEnd(i)
+		ls, le := trim(start, end)
+		start = end
+		if ls == le {
+			continue
+		}
+		colon := -1
+		for j := ls; j < le; j++ {
+			if s[j] == ':' {
+				colon = j
+				break
+			}
+		}
+		if colon <= ls {
+			return nil, fmt.Errorf("malformed response header line %q", s[ls:le])
+		}
+		key := textproto.CanonicalMIMEHeaderKey(s[ls:colon])
+		va, vb := trim(colon+1, le)
+		v := s[va:vb]
+		switch key {
+		case "Content-Length":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || (resp.ContentLength >= 0 && n != resp.ContentLength) {
+				return nil, fmt.Errorf("bad Content-Length %q", v)
+			}
+			resp.ContentLength = n
+		case "Transfer-Encoding":
+			for _, te := range splitComma(v) {
+				resp.TransferEncoding = append(resp.TransferEncoding, asciiLower(te))
+			}
+			continue // a hop-by-hop framing detail, as http.Transport does
+		case "Connection":
+			for _, f := range splitComma(v) {
+				if asciiLower(f) == "close" {
+					resp.Close = true
+				}
+			}
+		}
+		if old, ok := resp.Header[key]; ok {
+			resp.Header[key] = append(old, v)
+			continue
+		}
+		vals = append(vals, v)
+		resp.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	if resp.ProtoMinor == 0 {
+		// HTTP/1.0 closes unless it says keep-alive.
+		ka := false
+		for _, f := range resp.Header["Connection"] {
+			for _, g := range splitComma(f) {
+				if asciiLower(g) == "keep-alive" {
+					ka = true
+				}
+			}
+		}
+		resp.Close = resp.Close || !ka
+	}
+	return resp, nil
+}
+
+func splitComma(v string) []string {
+	var out []string
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
+		}
+		f := v[:i]
+		for len(f) > 0 && (f[0] == ' ' || f[0] == '\t') {
+			f = f[1:]
+		}
+		for len(f) > 0 && (f[len(f)-1] == ' ' || f[len(f)-1] == '\t') {
+			f = f[:len(f)-1]
+		}
+		if f != "" {
+			out = append(out, f)
+		}
+		if i == len(v) {
+			break
+		}
+		v = v[i+1:]
+	}
+	return out
+}
+
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; 'A' <= c && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if c := b[j]; 'A' <= c && c <= 'Z' {
+					b[j] = c + 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
