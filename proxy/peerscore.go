@@ -1,0 +1,276 @@
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// PeerScoreConfig configures a PeerScorer. Zero values mean the defaults.
+type PeerScoreConfig struct {
+	// FailureThreshold is how many consecutive failures cool a peer down.
+	// Default 3.
+	FailureThreshold int
+	// Cooldown is how long a cooled-down peer is tried after every other
+	// candidate. A failure while cooled down starts the period again; one
+	// success ends it. Default 10s.
+	Cooldown time.Duration
+	// Now is the clock. Nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultPeerScoreConfig returns the defaults.
+func DefaultPeerScoreConfig() PeerScoreConfig {
+	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, Now: time.Now}
+}
+
+// PeerScorer is the consumer side's view of its peers. As a Resolver it
+// wraps another (placement) and reorders the remote candidates: peers
+// cooled down after repeated failures go last; the others by the load they
+// advertise plus the requests we have in flight to them, then by recent
+// failures; ties keep the wrapped order. Local candidates keep their place
+// (first). As a RoundTripper wrapper (Transport) it observes every remote
+// attempt: in flight until the response body is closed, a failure when no
+// response came (dial error, refused handshake, reset), when the peer
+// answered 502, 503 or 504, or when the stream broke mid-way; a client that
+// went away is no one's failure.
+//
+// All methods are safe for concurrent use and never block on I/O.
+type PeerScorer struct {
+	inner Resolver
+	cfg   PeerScoreConfig
+
+	mu    sync.Mutex
+	peers map[string]*peerStat
+}
+
+type peerStat struct {
+	inflight  int64
+	fails     int // consecutive
+	coolUntil time.Time
+}
+
+var _ Resolver = (*PeerScorer)(nil)
+
+// NewPeerScorer wraps inner.
+func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
+	if inner == nil {
+		return nil, errors.New("peer score config: inner Resolver is required")
+	}
+	d := DefaultPeerScoreConfig()
+	if cfg.FailureThreshold < 0 {
+		return nil, errors.New("peer score config: FailureThreshold is negative")
+	}
+	if cfg.Cooldown < 0 {
+		return nil, errors.New("peer score config: Cooldown is negative")
+	}
+	if cfg.FailureThreshold == 0 {
+		cfg.FailureThreshold = d.FailureThreshold
+	}
+	if cfg.Cooldown == 0 {
+		cfg.Cooldown = d.Cooldown
+	}
+	if cfg.Now == nil {
+		cfg.Now = d.Now
+	}
+	return &PeerScorer{inner: inner, cfg: cfg, peers: map[string]*peerStat{}}, nil
+}
+
+// Resolve returns inner's candidates with the remote ones reordered.
+func (s *PeerScorer) Resolve(role string) []placement.Candidate {
+	cands := s.inner.Resolve(role)
+	first, n := -1, 0
+	for i, c := range cands {
+		if c.Kind == placement.KindRemote {
+			if first < 0 {
+				first = i
+			}
+			n++
+		}
+	}
+	if n < 2 {
+		return cands
+	}
+	type keyed struct {
+		c      placement.Candidate
+		cooled bool
+		load   int64
+		fails  int
+	}
+	ks := make([]keyed, 0, n)
+	now := s.cfg.Now()
+	s.mu.Lock()
+	for _, c := range cands {
+		if c.Kind != placement.KindRemote {
+			continue
+		}
+		k := keyed{c: c, load: int64(c.Load)}
+		if p := s.peers[c.Node]; p != nil {
+			k.cooled = now.Before(p.coolUntil)
+			k.load += p.inflight
+			k.fails = p.fails
+		}
+		ks = append(ks, k)
+	}
+	s.mu.Unlock()
+	slices.SortStableFunc(ks, func(a, b keyed) int {
+		if a.cooled != b.cooled {
+			if a.cooled {
+				return 1
+			}
+			return -1
+		}
+		if d := cmp.Compare(a.load, b.load); d != 0 {
+			return d
+		}
+		return cmp.Compare(a.fails, b.fails)
+	})
+	// Write back into the remote positions, locals untouched.
+	j := 0
+	for i := first; i < len(cands); i++ {
+		if cands[i].Kind == placement.KindRemote {
+			cands[i] = ks[j].c
+			j++
+		}
+	}
+	return cands
+}
+
+func (s *PeerScorer) statLocked(node string) *peerStat {
+	p := s.peers[node]
+	if p == nil {
+		p = &peerStat{}
+		s.peers[node] = p
+	}
+	return p
+}
+
+// Observe records the outcome of one attempt to node: ok resets its failure
+// count and ends any cool-down; a failure counts towards (or extends) one.
+func (s *PeerScorer) Observe(node string, ok bool) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.statLocked(node)
+	if ok {
+		p.fails = 0
+		p.coolUntil = time.Time{}
+		return
+	}
+	p.fails++
+	if p.fails >= s.cfg.FailureThreshold {
+		p.coolUntil = now.Add(s.cfg.Cooldown)
+	}
+}
+
+func (s *PeerScorer) begin(node string) {
+	s.mu.Lock()
+	s.statLocked(node).inflight++
+	s.mu.Unlock()
+}
+
+func (s *PeerScorer) end(node string) {
+	s.mu.Lock()
+	s.statLocked(node).inflight--
+	s.mu.Unlock()
+}
+
+// PeerScore is one peer as the scorer sees it.
+type PeerScore struct {
+	Node       string
+	InFlight   int64
+	Failures   int // consecutive
+	CooledDown bool
+	CoolUntil  time.Time // zero when not cooled down
+}
+
+// Peers returns every peer observed so far, sorted by node.
+func (s *PeerScorer) Peers() []PeerScore {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	out := make([]PeerScore, 0, len(s.peers))
+	for n, p := range s.peers {
+		ps := PeerScore{Node: n, InFlight: p.inflight, Failures: p.fails}
+		if now.Before(p.coolUntil) {
+			ps.CooledDown, ps.CoolUntil = true, p.coolUntil
+		}
+		out = append(out, ps)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b PeerScore) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// Transport wraps the mesh RoundTripper (requests to https://<node id>/...)
+// so that every attempt is observed.
+func (s *PeerScorer) Transport(rt http.RoundTripper) http.RoundTripper {
+	return &scoredTransport{s: s, rt: rt}
+}
+
+type scoredTransport struct {
+	s  *PeerScorer
+	rt http.RoundTripper
+}
+
+func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	node := r.URL.Host
+	t.s.begin(node)
+	resp, err := t.rt.RoundTrip(r)
+	if err != nil {
+		t.s.end(node)
+		if r.Context().Err() == nil {
+			t.s.Observe(node, false)
+		}
+		return nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		t.s.Observe(node, false)
+	default:
+		t.s.Observe(node, true)
+	}
+	resp.Body = &scoredBody{ReadCloser: resp.Body, s: t.s, node: node, ctx: r.Context()}
+	return resp, nil
+}
+
+// scoredBody keeps its request counted in flight until it is closed or read
+// to the end, and counts a stream that breaks as the peer's failure.
+type scoredBody struct {
+	io.ReadCloser
+	s    *PeerScorer
+	node string
+	ctx  context.Context
+	done atomic.Bool
+}
+
+func (b *scoredBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.finish(err == io.EOF || b.ctx.Err() != nil)
+	}
+	return n, err
+}
+
+func (b *scoredBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.finish(true)
+	return err
+}
+
+func (b *scoredBody) finish(ok bool) {
+	if !b.done.CompareAndSwap(false, true) {
+		return
+	}
+	b.s.end(b.node)
+	if !ok {
+		b.s.Observe(b.node, false)
+	}
+}
