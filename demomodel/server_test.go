@@ -240,7 +240,14 @@ func TestChatStreaming(t *testing.T) {
 			if got := acc.Choices[0].Message.Content; got != want.Choices[0].Message.Content {
 				t.Errorf("streamed content = %q, want the non-streamed %q", got, want.Choices[0].Message.Content)
 			}
+			// The handler counts the stream completed after its last write,
+			// which the client may see first: wait for the count.
+			deadline := time.Now().Add(5 * time.Second)
 			st := s.Stats()
+			for st.StreamsCompleted == 0 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+				st = s.Stats()
+			}
 			if st.StreamsStarted != 1 || st.StreamsCompleted != 1 || st.Canceled != 0 {
 				t.Errorf("Stats() = %+v, want 1 stream started and completed, none canceled", st)
 			}
