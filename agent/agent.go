@@ -48,6 +48,9 @@ type Options struct {
 	// the defaults.
 	MeshTuning      func(*mesh.Config)
 	ProvisionTuning func(*provision.ManagerConfig)
+	// TransportTuning adjusts the QUIC transport's settings (tests use
+	// short keep-alives and may hand it their own socket). Nil: defaults.
+	TransportTuning func(*mesh.TransportConfig)
 	// AdminTuning adjusts the admin runtime's options (tests inject fakes).
 	AdminTuning func(*AdminOptions)
 }
@@ -62,14 +65,17 @@ type Agent struct {
 	proxy     *proxy.Proxy
 	metrics   *metrics.Metrics
 	admission mesh.AdmissionProxy
+	scorer    *proxy.PeerScorer // nil without a mesh
+	remote    lateRemote        // the proxy's Remote: the QUIC transport once Run started it
 
 	started time.Time
 
-	mu    sync.Mutex
-	addrs map[string]net.Addr // role -> bound proxy address
-	mesh  *mesh.Mesh
-	admin *Admin
-	prov  *provisioning
+	mu        sync.Mutex
+	addrs     map[string]net.Addr // role -> bound proxy address
+	mesh      *mesh.Mesh
+	transport *mesh.Transport
+	admin     *Admin
+	prov      *provisioning
 }
 
 // New validates the configuration and builds an agent; nothing is bound
@@ -102,9 +108,14 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if a.metrics, err = metrics.New(mcfg); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	resolver, remote, err := a.newScorer()
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	p, err := proxy.New(proxy.Config{
-		Resolver:        table,
+		Resolver:        resolver,
 		Peers:           table,
+		Remote:          remote,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
@@ -195,6 +206,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.mesh = m
 		a.mu.Unlock()
 		defer a.leaveMesh(m)
+		tr, err := a.startTransport(m)
+		if err != nil {
+			return fmt.Errorf("mesh.quic: %w", err)
+		}
+		defer tr.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.serveTransport(runCtx, tr)
+		}()
 	}
 
 	// The admin socket claims its path (refusing to start when a live agent
@@ -331,6 +352,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.proxy.Shutdown(sctx); err != nil {
 		a.log.Warn("drain incomplete; cut remaining requests", zap.Error(err))
 	}
+	a.shutdownTransport(sctx)
 	cancel()
 	return nil
 }

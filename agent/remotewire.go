@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/proxy"
+)
+
+// errNoTransport answers remote attempts before the QUIC transport runs
+// (or after it stopped): the proxy skips to the next candidate.
+var errNoTransport = errors.New("mesh transport not running")
+
+// lateRemote is the proxy's Remote: the proxy is built in New, the QUIC
+// transport only in Run, after the mesh that is its peer directory.
+type lateRemote struct{ tr atomic.Pointer[mesh.Transport] }
+
+var _ http.RoundTripper = (*lateRemote)(nil)
+
+func (l *lateRemote) RoundTrip(r *http.Request) (*http.Response, error) {
+	tr := l.tr.Load()
+	if tr == nil {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, errNoTransport
+	}
+	return tr.RoundTrip(r)
+}
+
+// newScorer wraps the placement table for the proxy when there is a mesh:
+// remote candidates are ordered by what this node observes of its peers.
+func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
+	if !a.cfg.Mesh.Enabled() {
+		return a.table, nil, nil
+	}
+	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	a.scorer = s
+	return s, s.Transport(&a.remote), nil
+}
+
+// startTransport binds the QUIC transport: peers' requests are served by
+// the proxy's peer handler (local instances only), and this node's remote
+// candidates are sent through it. Serve it, and Close it at stop.
+func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
+	cfg := mesh.DefaultTransportConfig()
+	cfg.Name = m.Name()
+	cfg.Key = m.NodeKey()
+	cfg.Listen = a.cfg.Mesh.QUIC
+	cfg.Peers = m
+	cfg.Handler = a.proxy.PeerHandler(mesh.PeerFromRequest, a.peerRefused)
+	cfg.Logger = a.log.Named("quic")
+	if a.cfg.Proxy.ConnectTimeout > 0 {
+		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
+	}
+	cfg.OnRefused = func(peer, why string) {
+		a.audit.Record(Event{Kind: mesh.AuditQUICRefused, Node: peer, Fields: map[string]string{"why": why}})
+	}
+	if a.opts.TransportTuning != nil {
+		a.opts.TransportTuning(&cfg)
+	}
+	tr, err := mesh.NewTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.remote.tr.Store(tr)
+	a.mu.Lock()
+	a.transport = tr
+	a.mu.Unlock()
+	return tr, nil
+}
+
+// serveTransport runs tr until ctx ends or it is shut down.
+func (a *Agent) serveTransport(ctx context.Context, tr *mesh.Transport) {
+	if err := tr.Serve(ctx); err != nil {
+		a.log.Error("mesh transport stopped; peers cannot reach this node", zap.Error(err))
+	}
+}
+
+// shutdownTransport stops taking peers' requests and waits for those in
+// flight until ctx ends.
+func (a *Agent) shutdownTransport(ctx context.Context) {
+	a.mu.Lock()
+	tr := a.transport
+	a.mu.Unlock()
+	if tr == nil {
+		return
+	}
+	a.remote.tr.Store(nil)
+	if err := tr.Shutdown(ctx); err != nil {
+		a.log.Warn("peer requests cut at stop", zap.Error(err))
+	}
+}
+
+// peerRefused is the peer handler's refusal hook. The placement table
+// already audited the refusal (infer.peer.refused, with the reason); this
+// adds the connection it came from to the debug log.
+func (a *Agent) peerRefused(r *http.Request, peer, role, why string) {
+	a.log.Debug("peer request refused", zap.String("peer", peer), zap.String("role", role),
+		zap.String("why", why), zap.String("remote", r.RemoteAddr))
+}
+
+// Transport returns the agent's QUIC transport, nil without a mesh or
+// before Run started it.
+func (a *Agent) Transport() *mesh.Transport {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.transport
+}
+
+// PeerScores returns what this node observes of its peers (in flight,
+// failures, cool-downs); nil without a mesh.
+func (a *Agent) PeerScores() []proxy.PeerScore {
+	if a.scorer == nil {
+		return nil
+	}
+	return a.scorer.Peers()
+}
