@@ -15,11 +15,14 @@
 # CONTENDERS. The first contender must be `direct`.
 #
 # Environment: BENCH_QUICK=1 quick mode; BENCH_KEEP=1 keeps the work
-# directory (configs and logs); BENCH_ARGS extra loadgen flags.
+# directory (configs and logs); BENCH_ARGS extra loadgen flags;
+# BENCH_COMPARE=<path to another infermeshd> adds it as the contender
+# infermesh-before, measured in the same run (to compare two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CONTENDERS=(direct infermesh infermesh_quic nginx haproxy)
+[ -z "${BENCH_COMPARE:-}" ] || CONTENDERS+=(infermesh_before)
 
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
@@ -72,7 +75,7 @@ GO=${GO:-go}
 $GO build -o "$WORK/loadgen" ./bench/loadgen
 LOADGEN=$WORK/loadgen
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 12)
+mapfile -t PORTS < <("$LOADGEN" -free-ports 15)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
@@ -126,9 +129,9 @@ contender_direct() {
     "127.0.0.1:$P_FAST" demo "127.0.0.1:$P_STREAM" demo "127.0.0.1:$P_MANY" demo "$PID_MANY"
 }
 
-contender_infermesh() {
-  local d=$WORK/infermesh p1 p2 p3
-  p1=$(port 3) p2=$(port 4) p3=$(port 5)
+# infermesh_at <name> <binary> <three ports>
+infermesh_at() {
+  local name=$1 bin=$2 p1=$3 p2=$4 p3=$5 d=$WORK/$1
   mkdir -p "$d/state"
   # Clients ask for the role's name; the instance knows its model as
   # "demo": every request is pinned and every response rewritten back.
@@ -141,15 +144,19 @@ roles:
   stream: {port: $p2, upstream: "http://127.0.0.1:$P_STREAM", model: demo}
   many:   {port: $p3, upstream: "http://127.0.0.1:$P_MANY", model: demo}
 EOF
-  start infermeshd bin/infermeshd -config "$d/infermesh.yaml"
+  start "$name" "$bin" -config "$d/infermesh.yaml"
   local pid=$LAST_PID
-  wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body chat)" || die "infermeshd did not start (see $WORK/infermeshd.log)"
+  wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body chat)" || die "$name did not start (see $WORK/$name.log)"
   wait_http "http://127.0.0.1:$p2/v1/models" && wait_http "http://127.0.0.1:$p3/v1/models" || die "infermeshd roles not up"
   wait_http "http://127.0.0.1:$p3/v1/chat/completions" "$(chat_body many)" || die "infermeshd role many not served"
   wait_http "http://127.0.0.1:$p2/v1/chat/completions" "$(chat_body stream)" || die "infermeshd role stream not served"
-  entry infermesh "infermeshd, local path (model pinned and rewritten)" \
+  entry "$name" "infermeshd, local path (model pinned and rewritten)" \
     "127.0.0.1:$p1" chat "127.0.0.1:$p2" stream "127.0.0.1:$p3" many "$pid"
 }
+
+contender_infermesh() { infermesh_at infermesh bin/infermeshd "$(port 3)" "$(port 4)" "$(port 5)"; }
+
+contender_infermesh_before() { infermesh_at infermesh-before "$BENCH_COMPARE" "$(port 12)" "$(port 13)" "$(port 14)"; }
 
 contender_infermesh_quic() {
   missing infermesh-quic "infermeshd -> QUIC -> infermeshd -> upstream" "not built yet"

@@ -105,3 +105,60 @@ func BenchmarkProxyStream(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkProxyChatRawUpstream is BenchmarkProxyChatParallel with an
+// instance that answers canned bytes without parsing much, so a profile
+// shows the proxy's own costs (its net/http server included) and little
+// else.
+func BenchmarkProxyChatRawUpstream(b *testing.B) {
+	e := newEnv(b, Config{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDate: Mon, 30 Nov 2026 07:13:33 GMT\r\nContent-Length: 304\r\n\r\n" +
+		`{"id":"chatcmpl-8b81ed84fdfdbea6","object":"chat.completion","created":1796022813,"model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"signed answers by","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":11}}`)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 8<<10)
+				for {
+					// Requests are small and come one at a time per
+					// connection: one read holds one whole request.
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if _, err := c.Write(answer); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	e.register("http://"+ln.Addr().String(), "demo")
+	addr := strings.TrimPrefix(e.url, "http://")
+	req := benchRequest(addr, benchChatBody)
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for pb.Next() {
+			if st, err := rawRoundTrip(c, br, req); err != nil || st != 200 {
+				b.Errorf("status %d, err %v", st, err)
+				return
+			}
+		}
+	})
+}

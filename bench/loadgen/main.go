@@ -137,7 +137,7 @@ func run(ctx context.Context, args []string) error {
 		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 7, 2*time.Second, 1500*time.Millisecond, 1500*time.Millisecond
 		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
 		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 4000
-		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 90*time.Second
+		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 75*time.Second
 	}
 	if *skipMesh {
 		p.MeshNodes = nil
@@ -179,6 +179,15 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("\nwritten: %s.md, %s.json\n", base, base)
 	if n := rep.Errors(); n > 0 {
 		return fmt.Errorf("the harness saw %d error(s); see the report", n)
+	}
+	if p.Quick {
+		// The quick mode keeps the mesh measurement working too (a full
+		// run reports a slow or failed convergence as a result).
+		for _, m := range rep.Mesh {
+			if m.Err != "" {
+				return fmt.Errorf("mesh convergence at N=%d failed: %s", m.N, m.Err)
+			}
+		}
 	}
 	return nil
 }
