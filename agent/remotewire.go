@@ -18,7 +18,9 @@ var errNoTransport = errors.New("mesh transport not running")
 
 // lateRemote is the proxy's Remote: the proxy is built in New, the QUIC
 // transport only in Run, after the mesh that is its peer directory.
-type lateRemote struct{ tr atomic.Pointer[mesh.Transport] }
+type lateRemote struct {
+	tr atomic.Pointer[mesh.Transport]
+}
 
 var _ http.RoundTripper = (*lateRemote)(nil)
 

@@ -234,7 +234,7 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mesh transport config: %w", err)
 	}
-	cert, err := nodeCertificate(cfg.Name, cfg.Key)
+	cert, err := NodeCertificate(cfg.Name, cfg.Key)
 	if err != nil {
 		return nil, fmt.Errorf("mesh transport: %w", err)
 	}

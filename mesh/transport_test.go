@@ -276,7 +276,7 @@ func TestTransportHandshakeRefusals(t *testing.T) {
 	}{
 		{"no certificate", func(t *testing.T) []tls.Certificate { return nil }, RefusedNoCertificate, "addr:"},
 		{"unadmitted key", func(t *testing.T) []tls.Certificate {
-			c, err := nodeCertificate("mallory", newKey(t))
+			c, err := NodeCertificate("mallory", newKey(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +285,7 @@ func TestTransportHandshakeRefusals(t *testing.T) {
 		{"revoked node", func(t *testing.T) []tls.Certificate {
 			k := newKey(t)
 			dir.set("eve", dirEntry{key: k.Public().(ed25519.PublicKey), admitted: false})
-			c, err := nodeCertificate("eve", k)
+			c, err := NodeCertificate("eve", k)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,7 +293,7 @@ func TestTransportHandshakeRefusals(t *testing.T) {
 		}, RefusedNotAdmitted, "eve"},
 		{"admitted name, other key", func(t *testing.T) []tls.Certificate {
 			dir.set("carol", dirEntry{key: newKey(t).Public().(ed25519.PublicKey), admitted: true})
-			c, err := nodeCertificate("carol", newKey(t))
+			c, err := NodeCertificate("carol", newKey(t))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,11 +34,12 @@ type refusalError struct {
 
 func (e *refusalError) Error() string { return e.msg }
 
-// nodeCertificate returns a self-signed TLS certificate for the node key:
-// its subject common name is the node name. Nothing but the key is trusted
+// NodeCertificate returns the self-signed TLS certificate a node presents
+// on the QUIC transport: of its key, with the node name as subject common
+// name. Nothing but the key is trusted
 // in it (the verifier pins the key to the named admitted node); the validity
 // window is wide because peers' clocks are never trusted.
-func nodeCertificate(name string, key ed25519.PrivateKey) (tls.Certificate, error) {
+func NodeCertificate(name string, key ed25519.PrivateKey) (tls.Certificate, error) {
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("certificate serial: %w", err)

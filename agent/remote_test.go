@@ -1,0 +1,688 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/proxy"
+)
+
+// The three-agent tests run every node of a mesh in this process, each on
+// its own 127.0.1.x address with real gossip (memberlist) and QUIC sockets,
+// configured from YAML files the way infermeshd is.
+
+var nextMeshIP atomic.Int32
+
+// testUpstream is a demo model instance that records what reaches it.
+type testUpstream struct {
+	base      string
+	demo      *demomodel.Server
+	requests  atomic.Int32
+	cancelled atomic.Int32 // requests whose context ended before the handler finished
+	mu        sync.Mutex
+	models    []string // the model field of every request body
+	stop      func()
+}
+
+func startUpstream(t *testing.T, model string, tokenDelay time.Duration) *testUpstream {
+	t.Helper()
+	cfg := demomodel.DefaultConfig()
+	cfg.Model = model
+	cfg.TokenDelay = tokenDelay
+	cfg.Tokens = 400
+	demo, err := demomodel.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &testUpstream{demo: demo}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			u.requests.Add(1)
+			body, _ := io.ReadAll(r.Body)
+			var m struct{ Model string }
+			_ = json.Unmarshal(body, &m)
+			u.mu.Lock()
+			u.models = append(u.models, m.Model)
+			u.mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		demo.ServeHTTP(w, r)
+		if r.Context().Err() != nil {
+			u.cancelled.Add(1)
+		}
+	}), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hs.Serve(ln) }()
+	u.base = "http://" + ln.Addr().String()
+	u.stop = func() { _ = hs.Close(); <-done }
+	t.Cleanup(u.stop)
+	return u
+}
+
+func (u *testUpstream) seenModels() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.models)
+}
+
+// roleSpec is one role of a test node's config.
+type roleSpec struct {
+	upstream   *testUpstream
+	model      string
+	expose     bool
+	serveTo    []string
+	acceptFrom []string
+}
+
+// testMesh is a set of nodes sharing a gossip keyring and static trust.
+type testMesh struct {
+	t       *testing.T
+	root    string
+	keyring string
+	nodes   map[string]*meshNode
+	order   []string
+}
+
+type meshNode struct {
+	name     string
+	ip       string
+	stateDir string
+	pub      string
+	bind     string
+	quic     string
+	pc       net.PacketConn // the QUIC socket when the test owns it (to kill it)
+	cfgPath  string
+	agent    *Agent
+	cancel   context.CancelFunc
+	done     chan error
+	stopped  bool
+}
+
+func newTestMesh(t *testing.T, names ...string) *testMesh {
+	t.Helper()
+	root := t.TempDir()
+	tm := &testMesh{t: t, root: root, keyring: filepath.Join(root, "keyring.json"), nodes: map[string]*meshNode{}}
+	if _, err := mesh.WriteNewKeyring(tm.keyring); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		ip := fmt.Sprintf("127.0.1.%d", 10+nextMeshIP.Add(1)%240)
+		n := &meshNode{name: name, ip: ip, stateDir: filepath.Join(root, name)}
+		if err := os.MkdirAll(n.stateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		key, err := mesh.WriteNewKey(filepath.Join(n.stateDir, mesh.NodeKeyFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.pub = mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+		n.bind = net.JoinHostPort(ip, fmt.Sprint(freeTCPUDPPort(t, ip)))
+		tm.nodes[name] = n
+		tm.order = append(tm.order, name)
+	}
+	return tm
+}
+
+// freeTCPUDPPort finds a port free for both TCP and UDP on ip (memberlist
+// binds both).
+func freeTCPUDPPort(t *testing.T, ip string) int {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ip, port))
+		ln.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// start writes name's config file, loads it and runs the agent. ownSocket
+// makes the test own the node's QUIC socket (so it can kill it); otherwise
+// mesh.quic in the file is bound by the agent itself.
+func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool) *meshNode {
+	t := tm.t
+	t.Helper()
+	n := tm.nodes[name]
+	var quicPC net.PacketConn
+	if ownSocket {
+		pc, err := net.ListenPacket("udp", n.ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		quicPC, n.pc = pc, pc
+		t.Cleanup(func() { pc.Close() })
+		n.quic = pc.LocalAddr().String()
+	} else {
+		pc, err := net.ListenPacket("udp", n.ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.quic = pc.LocalAddr().String()
+		pc.Close()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
+	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
+	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyring)
+	if name != tm.order[0] {
+		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
+	}
+	b.WriteString("trust:\n  nodes:\n")
+	for _, other := range tm.order {
+		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
+	}
+	b.WriteString("proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: 2s}\n")
+	b.WriteString("roles:\n")
+	port := 20000
+	for role, r := range roles {
+		port++ // placeholder: replaced by 0 after loading (any free port)
+		fmt.Fprintf(&b, "  %s:\n    port: %d\n    expose: %v\n", role, port, r.expose)
+		if r.upstream != nil {
+			fmt.Fprintf(&b, "    upstream: %s\n    model: %s\n", r.upstream.base, r.model)
+		}
+		if len(r.serveTo) > 0 {
+			fmt.Fprintf(&b, "    serve_to: [%s]\n", strings.Join(r.serveTo, ", "))
+		}
+		if len(r.acceptFrom) > 0 {
+			fmt.Fprintf(&b, "    accept_from: [%s]\n", strings.Join(r.acceptFrom, ", "))
+		}
+	}
+	n.cfgPath = filepath.Join(tm.root, name+".yaml")
+	if err := os.WriteFile(n.cfgPath, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(n.cfgPath)
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, b.String())
+	}
+	for role, r := range cfg.Roles {
+		r.Port = 0 // any free loopback port; RoleAddr tells which
+		cfg.Roles[role] = r
+	}
+	a, err := New(cfg, Options{
+		MeshTuning: func(c *mesh.Config) {
+			c.GossipInterval = 20 * time.Millisecond
+			c.ProbeInterval = 100 * time.Millisecond
+			c.ProbeTimeout = 50 * time.Millisecond
+			c.SuspicionMult = 2
+			c.RetransmitMult = 3
+			c.TCPTimeout = time.Second
+			c.JoinBackoff = 20 * time.Millisecond
+			c.JoinMaxBackoff = 100 * time.Millisecond
+		},
+		TransportTuning: func(c *mesh.TransportConfig) {
+			c.KeepAlivePeriod = 100 * time.Millisecond
+			c.MaxIdleTimeout = time.Second
+			c.RecheckInterval = 50 * time.Millisecond
+			c.PacketConn = quicPC
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel, n.done = cancel, make(chan error, 1)
+	go func() { n.done <- a.Run(ctx) }()
+	t.Cleanup(func() { tm.stop(name) })
+	waitFor(t, name+" listening", func() bool {
+		for role := range roles {
+			if _, ok := a.RoleAddr(role); !ok {
+				return false
+			}
+		}
+		return a.Transport() != nil
+	})
+	return n
+}
+
+// stop stops name's agent (gracefully) once.
+func (tm *testMesh) stop(name string) {
+	n := tm.nodes[name]
+	if n.stopped || n.cancel == nil {
+		return
+	}
+	n.stopped = true
+	n.cancel()
+	if err := <-n.done; err != nil {
+		tm.t.Errorf("%s: Run: %v", name, err)
+	}
+}
+
+// kill makes name unreachable over QUIC at once, without a word to its
+// peers: its socket is closed under the transport, as when the process dies.
+func (tm *testMesh) kill(name string) {
+	n := tm.nodes[name]
+	if n.pc == nil {
+		tm.t.Fatalf("%s: the test does not own its socket", name)
+	}
+	n.pc.Close()
+}
+
+func (n *meshNode) url(role string) string {
+	addr, _ := n.agent.RoleAddr(role)
+	return "http://" + addr.String()
+}
+
+func (n *meshNode) resolvesTo(role string, nodes ...string) bool {
+	var got []string
+	for _, c := range n.agent.Table().Resolve(role) {
+		if c.Kind == placement.KindRemote {
+			got = append(got, c.Node)
+		}
+	}
+	slices.Sort(got)
+	return slices.Equal(got, nodes)
+}
+
+func (n *meshNode) audited(kind, why string) bool {
+	return slices.ContainsFunc(n.agent.Audit().Recent(), func(e Event) bool {
+		return e.Kind == kind && (why == "" || e.Fields["why"] == why)
+	})
+}
+
+// sendDirect sends a chat request for role straight through n's QUIC
+// transport to peer, bypassing n's placement.
+func (n *meshNode) sendDirect(t *testing.T, peer, role string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+peer+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set(proxy.RoleHeader, role)
+	resp, err := n.agent.Transport().RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", n.name, peer, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func sdkClient(base string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-local"), option.WithMaxRetries(0))
+}
+
+func chatReq(model string) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{
+		Model:     openai.ChatModel(model),
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello over the mesh")},
+		MaxTokens: openai.Int(8),
+	}
+}
+
+func TestRemoteRoleServedByPeerWithSDK(t *testing.T) {
+	tm := newTestMesh(t, "a", "b", "c")
+	ub := startUpstream(t, "model-b", 0)
+	// Every QUIC socket here comes from the config files (mesh.quic).
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	tm.start("c", map[string]roleSpec{"other": {}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+
+	c := sdkClient(a.url("chat"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, model := range []string{"chat", "model-b"} {
+		t.Run("complete/"+model, func(t *testing.T) {
+			resp, err := c.Chat.Completions.New(ctx, chatReq(model))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Model != model {
+				t.Errorf("response model = %q, want the one asked for, %q", resp.Model, model)
+			}
+			if len(resp.Choices) != 1 || resp.Choices[0].Message.Content == "" {
+				t.Errorf("choices = %+v, want one with content", resp.Choices)
+			}
+		})
+		t.Run("stream/"+model, func(t *testing.T) {
+			stream := c.Chat.Completions.NewStreaming(ctx, chatReq(model))
+			var chunks int
+			var text strings.Builder
+			for stream.Next() {
+				ch := stream.Current()
+				chunks++
+				if ch.Model != model {
+					t.Errorf("chunk %d model = %q, want %q", chunks, ch.Model, model)
+				}
+				for _, choice := range ch.Choices {
+					text.WriteString(choice.Delta.Content)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				t.Fatalf("stream: %v", err)
+			}
+			if chunks < 2 || text.Len() == 0 {
+				t.Errorf("got %d chunks, %d bytes of text; want a streamed answer", chunks, text.Len())
+			}
+		})
+	}
+	if got := ub.requests.Load(); got != 4 {
+		t.Errorf("b's instance served %d requests, want 4", got)
+	}
+	for _, m := range ub.seenModels() {
+		if m != "model-b" {
+			t.Errorf("b's instance was asked for model %q, want it pinned to model-b", m)
+		}
+	}
+}
+
+func TestRemoteRefusals(t *testing.T) {
+	type setup struct {
+		aAccepts []string
+		bExpose  bool
+		bServeTo []string
+	}
+	tests := []struct {
+		name string
+		s    setup
+		// aResolves: whether a's placement offers b at all.
+		aResolves bool
+		// status of a's loopback answer; b's refusal audit reason (when b is asked).
+		wantStatus int
+		bWhy       placement.Reason
+		aWhy       placement.Reason
+	}{
+		{"a has not allowed b", setup{aAccepts: nil, bExpose: true, bServeTo: []string{"a"}}, false,
+			http.StatusServiceUnavailable, "", placement.ReasonNotAllowlisted},
+		{"b does not serve the role to a", setup{aAccepts: []string{"b"}, bExpose: true, bServeTo: []string{"c"}}, true,
+			http.StatusNotFound, placement.ReasonNotOnServeList, ""},
+		{"b does not expose the role", setup{aAccepts: []string{"b"}, bExpose: false}, false,
+			http.StatusServiceUnavailable, placement.ReasonNotExposed, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tm := newTestMesh(t, "a", "b", "c")
+			ub := startUpstream(t, "model-b", 0)
+			a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: tt.s.aAccepts}}, false)
+			b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: tt.s.bExpose, serveTo: tt.s.bServeTo}}, false)
+			tm.start("c", map[string]roleSpec{"other": {}}, false)
+			waitFor(t, "everyone sees everyone", func() bool {
+				m := a.agent.Mesh()
+				return m.IsAdmitted("b") && m.IsAdmitted("c") && b.agent.Mesh().IsAdmitted("a")
+			})
+			waitFor(t, "b's instance is up", func() bool { return len(b.agent.Table().Resolve("chat")) > 0 })
+			if tt.aResolves {
+				waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+			} else if tt.aWhy != "" {
+				waitFor(t, "a refuses b's advert", func() bool { return a.audited(placement.AuditAdvertRefused, string(tt.aWhy)) })
+			} else {
+				// b never advertises: give it a few re-advertise periods.
+				time.Sleep(300 * time.Millisecond)
+			}
+			if !tt.aResolves && !a.resolvesTo("chat") {
+				t.Fatalf("a resolves chat to a remote, want none")
+			}
+
+			resp, err := http.Post(a.url("chat")+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.wantStatus {
+				t.Errorf("a answered %d %s, want %d", resp.StatusCode, body, tt.wantStatus)
+			}
+			var apiErr struct {
+				Error struct{ Type, Code, Message string }
+			}
+			if err := json.Unmarshal(body, &apiErr); err != nil || apiErr.Error.Code == "" {
+				t.Errorf("a's answer %s is not an OpenAI-shaped error", body)
+			}
+
+			if tt.bWhy != "" {
+				// Asked directly, b refuses the same way whether the role is
+				// withheld from a or does not exist: a learns nothing.
+				st, got := a.sendDirect(t, "b", "chat")
+				stNone, none := a.sendDirect(t, "b", "nosuchrole")
+				if st != http.StatusNotFound || st != stNone || got != strings.ReplaceAll(none, "nosuchrole", "chat") {
+					t.Errorf("b refused chat with %d %s and a missing role with %d %s; want the same 404", st, got, stNone, none)
+				}
+				waitFor(t, "b audits the refusal", func() bool { return b.audited(placement.AuditPeerRefused, string(tt.bWhy)) })
+			}
+			if got := ub.requests.Load(); got != 0 {
+				t.Errorf("b's instance served %d requests, want 0", got)
+			}
+		})
+	}
+}
+
+func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	tm.start("a", map[string]roleSpec{"other": {}}, false)
+	ub := startUpstream(t, "model-b", 0)
+	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a", "mallory"}}}, false)
+
+	_, stranger, _ := ed25519.GenerateKey(nil)
+	tests := []struct {
+		name  string
+		certs func(t *testing.T) []tls.Certificate
+		why   string
+	}{
+		{"no certificate", func(*testing.T) []tls.Certificate { return nil }, mesh.RefusedNoCertificate},
+		{"certificate of an unadmitted key", func(t *testing.T) []tls.Certificate {
+			return []tls.Certificate{selfSigned(t, "mallory", stranger)}
+		}, mesh.RefusedNotAdmitted},
+		{"an admitted name with another key", func(t *testing.T) []tls.Certificate {
+			return []tls.Certificate{selfSigned(t, "a", stranger)}
+		}, mesh.RefusedKeyMismatch},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			tc := &tls.Config{Certificates: tt.certs(t), InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}}
+			conn, err := quic.DialAddr(ctx, b.quic, tc, nil)
+			if err == nil {
+				// TLS 1.3 clients finish before the server checked them: the
+				// refusal closes the connection before any request is served.
+				cc := (&http3.Transport{}).NewClientConn(conn)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://b/v1/chat/completions", strings.NewReader(`{}`))
+				req.Header.Set(proxy.RoleHeader, "chat")
+				if resp, err := cc.RoundTrip(req); err == nil {
+					resp.Body.Close()
+					t.Errorf("a refused client got status %d", resp.StatusCode)
+				}
+				conn.CloseWithError(0, "")
+			}
+			waitFor(t, "b audits the refused handshake", func() bool { return b.audited(mesh.AuditQUICRefused, tt.why) })
+		})
+	}
+	if got := ub.requests.Load(); got != 0 {
+		t.Errorf("b's instance served %d requests, want 0", got)
+	}
+}
+
+// selfSigned is a certificate like a node's, for any name and key.
+func selfSigned(t *testing.T, name string, key ed25519.PrivateKey) tls.Certificate {
+	t.Helper()
+	c, err := mesh.NodeCertificate(name, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestRemoteFailoverWhenPeerKilled(t *testing.T) {
+	tm := newTestMesh(t, "a", "b", "c")
+	ub := startUpstream(t, "model-b", 0)
+	uc := startUpstream(t, "model-c", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b", "c"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, true)
+	tm.start("c", map[string]roleSpec{"chat": {upstream: uc, model: "model-c", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b and c", func() bool { return a.resolvesTo("chat", "b", "c") })
+
+	c := sdkClient(a.url("chat"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Chat.Completions.New(ctx, chatReq("chat")); err != nil {
+		t.Fatal(err)
+	}
+	if ub.requests.Load() != 1 {
+		t.Fatalf("before the kill: b served %d, c %d; want b first (equal load, placement's order)", ub.requests.Load(), uc.requests.Load())
+	}
+
+	// b dies: its gossip still says it is alive for a moment, but nothing
+	// answers over QUIC. Every new request must still be answered, by c.
+	tm.kill("b")
+	const n = 6
+	for i := range n {
+		resp, err := c.Chat.Completions.New(ctx, chatReq("chat"))
+		if err != nil {
+			t.Fatalf("request %d after b died: %v", i, err)
+		}
+		if resp.Model != "chat" {
+			t.Errorf("request %d: model %q, want chat", i, resp.Model)
+		}
+	}
+	if got := uc.requests.Load(); got != n {
+		t.Errorf("c served %d requests after b died, want %d", got, n)
+	}
+	if got := ub.requests.Load(); got != 1 {
+		t.Errorf("b served %d requests, want only the one before it died", got)
+	}
+}
+
+func TestRemotePeerKilledMidStreamAborts(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 20*time.Millisecond)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, true)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.url("chat")+"/v1/chat/completions",
+		strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	events := 0
+	var readErr error
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			readErr = err
+			break
+		}
+		if strings.HasPrefix(line, "data: [DONE]") {
+			t.Fatal("the stream ended as if complete")
+		}
+		if strings.HasPrefix(line, "data: ") {
+			events++
+			if events == 3 {
+				tm.kill("b")
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the stream was still open at the test's deadline")
+	}
+	if readErr == io.EOF {
+		t.Errorf("the stream ended with a clean EOF after %d events; want it aborted", events)
+	}
+	if events < 3 {
+		t.Errorf("got %d events before the error, want at least 3", events)
+	}
+}
+
+func TestRemoteClientCancelReachesPeerUpstream(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 20*time.Millisecond)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := sdkClient(a.url("chat"))
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:    "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a long answer please")},
+	})
+	if !stream.Next() {
+		t.Fatalf("no first chunk: %v", stream.Err())
+	}
+	cancel()
+	for stream.Next() {
+	}
+	waitFor(t, "b's instance sees its request context end", func() bool { return ub.cancelled.Load() == 1 })
+	if st := ub.demo.Stats(); st.StreamsCompleted != 0 {
+		t.Errorf("b's instance completed %d streams, want 0 (cancelled)", st.StreamsCompleted)
+	}
+}
+
+func TestRemoteRequestNeverBounces(t *testing.T) {
+	tm := newTestMesh(t, "a", "b", "c")
+	uc := startUpstream(t, "model-c", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	// b has no instance of its own but may use c's: it must not forward a's
+	// request there.
+	b := tm.start("b", map[string]roleSpec{"chat": {expose: true, serveTo: []string{"a"}, acceptFrom: []string{"c"}}}, false)
+	tm.start("c", map[string]roleSpec{"chat": {upstream: uc, model: "model-c", expose: true, serveTo: []string{"a", "b"}}}, false)
+	waitFor(t, "b resolves chat to c", func() bool { return b.resolvesTo("chat", "c") })
+	waitFor(t, "a admits b", func() bool { return a.agent.Mesh().IsAdmitted("b") })
+
+	st, body := a.sendDirect(t, "b", "chat")
+	if st != http.StatusNotFound {
+		t.Errorf("b answered a's request with %d %s, want 404", st, body)
+	}
+	waitFor(t, "b audits the refusal", func() bool { return b.audited(placement.AuditPeerRefused, string(placement.ReasonNoLocal)) })
+	if got := uc.requests.Load(); got != 0 {
+		t.Errorf("c's instance served %d requests: a's request bounced through b", got)
+	}
+	// b itself does reach c: the refusal above is not for lack of a route.
+	resp, err := http.Post(b.url("chat")+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || uc.requests.Load() != 1 {
+		t.Errorf("b's own request: status %d, c served %d; want 200 and 1", resp.StatusCode, uc.requests.Load())
+	}
+}
