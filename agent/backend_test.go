@@ -481,27 +481,51 @@ func TestNoMeshAnswersClearly(t *testing.T) {
 func TestSecondAgentRefused(t *testing.T) {
 	dir := t.TempDir()
 	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	startAdminAgent(t, cfg, AdminOptions{})
+	first := startAdminAgent(t, cfg, AdminOptions{})
 
-	second, err := New(cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
+	runOnce := func(cfg *Config, opts Options) error {
+		a, err := New(cfg, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return a.Run(ctx)
 	}
-	if _, err := second.OpenAdmin(AdminOptions{}); !errors.Is(err, admin.ErrInUse) {
-		t.Fatalf("a second agent on a live socket: %v, want ErrInUse", err)
+	// A second agent on the same config refuses to start: a live agent
+	// answers on the socket.
+	if err := runOnce(cfg, Options{}); !errors.Is(err, admin.ErrInUse) {
+		t.Fatalf("a second agent on a live socket: Run = %v, want ErrInUse", err)
+	}
+	if _, err := first.client.Status(context.Background()); err != nil {
+		t.Errorf("the first agent stopped answering: %v", err)
 	}
 	// Another socket but the same state dir: the store is locked.
 	other := *cfg
 	other.Admin.Socket = filepath.Join(dir, "other.sock")
-	third, err := New(&other, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := third.OpenAdmin(AdminOptions{StoreLockTimeout: 50 * time.Millisecond}); !errors.Is(err, store.ErrLocked) {
-		t.Fatalf("a second agent on the same state dir: %v, want store.ErrLocked", err)
+	err := runOnce(&other, Options{AdminTuning: func(o *AdminOptions) { o.StoreLockTimeout = 50 * time.Millisecond }})
+	if !errors.Is(err, store.ErrLocked) {
+		t.Fatalf("a second agent on the same state dir: Run = %v, want store.ErrLocked", err)
 	}
 	if _, err := os.Stat(other.Admin.Socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the refused agent left its socket behind: %v", err)
+	}
+}
+
+// TestStaleSocketReplacedAtStart: a socket file left by a crashed agent
+// does not stop the next one.
+func TestStaleSocketReplacedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Admin.Socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	_ = ln.Close()
+	aa := startAdminAgent(t, cfg, AdminOptions{})
+	if _, err := aa.client.Status(context.Background()); err != nil {
+		t.Errorf("Status over the replaced socket: %v", err)
 	}
 }
 

@@ -15,8 +15,8 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 )
 
-// startRealAgent runs a real agent on the config file at path and serves
-// its admin socket; stop ends both.
+// startRealAgent runs a real agent on the config file at path (Run opens
+// and serves its admin socket); stop ends it.
 func startRealAgent(t *testing.T, path string) (a *agent.Agent, stop func()) {
 	t.Helper()
 	cfg, err := agent.LoadConfig(path)
@@ -32,24 +32,21 @@ func startRealAgent(t *testing.T, path string) (a *agent.Agent, stop func()) {
 	go func() { done <- a.Run(ctx) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, ok := a.RoleAddr("chat"); ok {
+		select {
+		case err := <-done:
+			cancel()
+			t.Fatalf("Run: %v", err)
+		default:
+		}
+		_, bound := a.RoleAddr("chat")
+		if _, ok := a.AdminSocket(); ok && bound {
 			break
 		}
 		if time.Now().After(deadline) {
 			cancel()
-			t.Fatal("agent did not bind its role port")
+			t.Fatal("agent did not open its admin socket")
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-	// The lead wires OpenAdmin and Serve into Run; until then, here.
-	ad, err := a.OpenAdmin(agent.AdminOptions{})
-	if err != nil {
-		cancel()
-		<-done
-		t.Fatal(err)
-	}
-	if err := ad.Serve(ctx); err != nil {
-		t.Fatal(err)
 	}
 	stopped := false
 	stop = func() {
@@ -58,9 +55,6 @@ func startRealAgent(t *testing.T, path string) (a *agent.Agent, stop func()) {
 		}
 		stopped = true
 		cancel()
-		if err := ad.Close(); err != nil {
-			t.Errorf("admin close: %v", err)
-		}
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
