@@ -25,6 +25,7 @@ import (
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
+	"github.com/infermesh/infermesh/proxy"
 )
 
 // MeshAPI is what the admin backend needs of the mesh. *mesh.Mesh
@@ -602,10 +603,13 @@ func (b *Backend) Route(_ context.Context, role string) (admin.Route, error) {
 		for _, r := range d.Reasons {
 			ad.Reasons = append(ad.Reasons, string(r))
 		}
+		rt.Decisions = append(rt.Decisions, ad)
+	}
+	b.proxyOrder(role, rt.Decisions)
+	for _, d := range rt.Decisions {
 		if d.Candidate && d.Rank == 0 {
 			rt.Serving = d.Node
 		}
-		rt.Decisions = append(rt.Decisions, ad)
 	}
 	if !seen[t.NodeID()] {
 		why := []string{string(placement.ReasonNoLocal)}
@@ -633,6 +637,54 @@ func (b *Backend) Route(_ context.Context, role string) (admin.Route, error) {
 		}
 	}
 	return rt, nil
+}
+
+// proxyOrder re-ranks the candidates in the order the proxy tries them:
+// with a mesh, the peer scorer puts cooled-down peers last and weighs what
+// is in flight. Candidates are sorted by that rank, the others keep their
+// order after them; cooled-down and busy peers get a note.
+func (b *Backend) proxyOrder(role string, ds []admin.Decision) {
+	if b.a.scorer == nil {
+		return
+	}
+	rank := map[string]int{}
+	for i, c := range b.a.scorer.Resolve(role) {
+		rank[c.Node] = i
+	}
+	scores := map[string]proxy.PeerScore{}
+	for _, ps := range b.a.scorer.Peers() {
+		scores[ps.Node] = ps
+	}
+	for i := range ds {
+		d := &ds[i]
+		if r, ok := rank[d.Node]; ok && d.Candidate {
+			d.Rank = r
+		}
+		ps, ok := scores[d.Node]
+		if !ok || d.Kind != placement.KindRemote.String() {
+			continue
+		}
+		if ps.InFlight > 0 {
+			d.Notes = append(d.Notes, fmt.Sprintf("%d request(s) in flight", ps.InFlight))
+		}
+		if ps.CooledDown {
+			d.Notes = append(d.Notes, fmt.Sprintf("cooled down until %s after %d failure(s): tried last",
+				ps.CoolUntil.UTC().Format(time.RFC3339), ps.Failures))
+		} else if ps.Failures > 0 {
+			d.Notes = append(d.Notes, fmt.Sprintf("%d recent failure(s)", ps.Failures))
+		}
+	}
+	slices.SortStableFunc(ds, func(x, y admin.Decision) int {
+		switch {
+		case x.Candidate && y.Candidate:
+			return x.Rank - y.Rank
+		case x.Candidate:
+			return -1
+		case y.Candidate:
+			return 1
+		}
+		return 0
+	})
 }
 
 // ---- keyring ----

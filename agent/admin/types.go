@@ -116,8 +116,9 @@ type Decision struct {
 	Node       string   `json:"node"`
 	Kind       string   `json:"kind"` // local or remote
 	Candidate  bool     `json:"candidate"`
-	Rank       int      `json:"rank"` // position among candidates, -1 when not one
-	Reasons    []string `json:"reasons,omitempty"`
+	Rank       int      `json:"rank"`              // position among candidates, -1 when not one
+	Reasons    []string `json:"reasons,omitempty"` // why not a candidate
+	Notes      []string `json:"notes,omitempty"`   // about a candidate: cooled down, busy, failing
 	Model      string   `json:"model,omitempty"`
 	Load       uint32   `json:"load"`
 	HasAdvert  bool     `json:"has_advert,omitempty"`

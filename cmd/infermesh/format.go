@@ -153,7 +153,7 @@ func renderRoute(rt admin.Route) string {
 	} else {
 		fmt.Fprintf(&b, "role %s: no node serves it now (generation %d)\n", rt.Role, rt.Generation)
 	}
-	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "ADVERT", "WHY NOT"}}
+	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "ADVERT", "WHY NOT / NOTES"}}
 	for _, d := range rt.Decisions {
 		rank := "-"
 		if d.Candidate {
@@ -167,7 +167,11 @@ func renderRoute(rt admin.Route) string {
 		if d.Candidate || d.HasAdvert {
 			load = strconv.FormatUint(uint64(d.Load), 10)
 		}
-		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(strings.Join(d.Reasons, "; "))})
+		why := strings.Join(d.Reasons, "; ")
+		if d.Candidate {
+			why = strings.Join(d.Notes, "; ")
+		}
+		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(why)})
 	}
 	b.WriteString(table(rows))
 	return b.String()

@@ -112,7 +112,8 @@ func (f *Fake) Route(_ context.Context, role string) (admin.Route, error) {
 		Role: "chat", Generation: 42, Serving: "a",
 		Decisions: []admin.Decision{
 			{Node: "a", Kind: "local", Candidate: true, Rank: 0, Model: "llama-3-8b"},
-			{Node: "b", Kind: "remote", Candidate: true, Rank: 1, Model: "llama-3-8b", Load: 2, HasAdvert: true, AgeSeconds: 3.5},
+			{Node: "b", Kind: "remote", Candidate: true, Rank: 1, Model: "llama-3-8b", Load: 2, HasAdvert: true, AgeSeconds: 3.5,
+				Notes: []string{"cooled down until 2026-03-04T05:07:07Z after 3 failure(s): tried last"}},
 			{Node: "c", Kind: "remote", Rank: -1, Reasons: []string{"node not allowlisted for role", "advertisement expired"}, Model: "llama-3-8b", HasAdvert: true, AgeSeconds: 75},
 		},
 	}, nil
