@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"io"
 	"net"
 	"net/http"
@@ -152,4 +154,33 @@ roles:
 	if got := status(); got != 200 {
 		t.Errorf("status after return = %d, want 200", got)
 	}
+}
+
+func TestAdminSocketModes(t *testing.T) {
+	for _, tt := range []struct {
+		public bool
+		want   os.FileMode
+	}{{false, 0o660}, {true, 0o666}} {
+		dir := t.TempDir()
+		cfg, err := ParseConfig([]byte(fmt.Sprintf("node: {name: a, state_dir: %s}\nadmin: {socket: %s/run/admin.sock, public_read: %v}\n", dir, dir, tt.public)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := runAgentNoRoles(t, cfg)
+		sock, _ := a.AdminSocket()
+		fi, err := os.Stat(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != tt.want {
+			t.Errorf("public_read=%v: socket mode %o, want %o", tt.public, got, tt.want)
+		}
+	}
+}
+
+func runAgentNoRoles(t *testing.T, cfg *Config) *Agent {
+	t.Helper()
+	a := runAgent(t, cfg, Options{})
+	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
+	return a
 }

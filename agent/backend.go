@@ -999,7 +999,11 @@ type Admin struct {
 // config's policy with the stored overrides on top. Nothing is answered
 // until Serve, but clients may already connect: they wait.
 func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
-	ln, err := admin.Listen(admin.ListenConfig{Path: a.cfg.Admin.Socket, Group: a.cfg.Admin.Group})
+	lc := admin.ListenConfig{Path: a.cfg.Admin.Socket, Group: a.cfg.Admin.Group}
+	if a.cfg.Admin.PublicRead {
+		lc.SocketMode, lc.DirMode = 0o666, 0o755
+	}
+	ln, err := admin.Listen(lc)
 	if err != nil {
 		return nil, err
 	}

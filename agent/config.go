@@ -113,6 +113,11 @@ type AdminConfig struct {
 	Group string `yaml:"group"`
 	// Metrics is an optional loopback TCP address serving /metrics.
 	Metrics string `yaml:"metrics"`
+	// PublicRead lets every local user connect to the socket (mode 0666,
+	// directory 0755) to read status; changes still need root, the agent's
+	// user or the admin group. Default false: the socket is 0660 and only
+	// the owner and the group can connect at all.
+	PublicRead bool `yaml:"public_read"`
 }
 
 // ProxyConfig tunes the loopback proxy.
