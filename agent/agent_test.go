@@ -3,10 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
-	"os"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
