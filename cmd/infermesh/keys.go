@@ -154,7 +154,7 @@ func newAuthorityCmd(a *app) *cobra.Command {
 		},
 	}
 	issueCmd.Flags().StringVar(&name, "name", "", "node name (required)")
-	issueCmd.Flags().StringVar(&pubText, "public-key", "", "node public key, base64 (required; see `infermesh keygen`)")
+	issueCmd.Flags().StringVar(&pubText, "public-key", "", "node `KEY`: its public key, base64 (required; printed by infermesh keygen)")
 	issueCmd.Flags().StringVar(&scopeText, "scope", "full", "full (serve and consume) or consumer")
 	issueCmd.Flags().DurationVar(&ttl, "ttl", 720*time.Hour, "validity")
 	_ = issueCmd.MarkFlagRequired("name")
