@@ -48,7 +48,7 @@ type testUpstream struct {
 	stop      func()
 }
 
-func startUpstream(t *testing.T, model string, tokenDelay time.Duration) *testUpstream {
+func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUpstream {
 	t.Helper()
 	cfg := demomodel.DefaultConfig()
 	cfg.Model = model
@@ -104,7 +104,7 @@ type roleSpec struct {
 
 // testMesh is a set of nodes sharing a gossip keyring and static trust.
 type testMesh struct {
-	t       *testing.T
+	t       testing.TB
 	root    string
 	keyring string
 	nodes   map[string]*meshNode
@@ -126,7 +126,7 @@ type meshNode struct {
 	stopped  bool
 }
 
-func newTestMesh(t *testing.T, names ...string) *testMesh {
+func newTestMesh(t testing.TB, names ...string) *testMesh {
 	t.Helper()
 	root := t.TempDir()
 	tm := &testMesh{t: t, root: root, keyring: filepath.Join(root, "keyring.json"), nodes: map[string]*meshNode{}}
@@ -153,7 +153,7 @@ func newTestMesh(t *testing.T, names ...string) *testMesh {
 
 // freeTCPUDPPort finds a port free for both TCP and UDP on ip (memberlist
 // binds both).
-func freeTCPUDPPort(t *testing.T, ip string) int {
+func freeTCPUDPPort(t testing.TB, ip string) int {
 	t.Helper()
 	for range 20 {
 		ln, err := net.Listen("tcp", ip+":0")
@@ -261,7 +261,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- a.Run(ctx) }()
 	t.Cleanup(func() { tm.stop(name) })
-	waitFor(t, name+" listening", func() bool {
+	eventuallyTB(t, name+" listening", func() bool {
 		for role := range roles {
 			if _, ok := a.RoleAddr(role); !ok {
 				return false
@@ -293,6 +293,18 @@ func (tm *testMesh) kill(name string) {
 		tm.t.Fatalf("%s: the test does not own its socket", name)
 	}
 	n.pc.Close()
+}
+
+// eventuallyTB is waitFor for tests and benchmarks.
+func eventuallyTB(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (n *meshNode) url(role string) string {
@@ -578,6 +590,16 @@ func TestRemoteFailoverWhenPeerKilled(t *testing.T) {
 	}
 	if got := ub.requests.Load(); got != 1 {
 		t.Errorf("b served %d requests, want only the one before it died", got)
+	}
+	// a saw b fail: at equal advertised load c is now tried first, so later
+	// requests do not wait on b at all.
+	scores := a.agent.PeerScores()
+	i := slices.IndexFunc(scores, func(p proxy.PeerScore) bool { return p.Node == "b" })
+	if i < 0 || scores[i].Failures < 1 {
+		t.Errorf("a's view of its peers = %+v, want b's failure counted", scores)
+	}
+	if order := a.agent.scorer.Resolve("chat"); len(order) == 2 && order[0].Node != "c" {
+		t.Errorf("a's order for chat = %+v, want c first after b failed", order)
 	}
 }
 

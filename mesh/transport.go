@@ -25,10 +25,15 @@ import (
 //
 // Methods must be safe for concurrent use and must not block: they are
 // called on every request, in TLS handshakes and from the re-check loop.
+// PeerAddr and PeerKey answer only for nodes admitted right now, so one
+// PeerKey call is an admission check and the key to pin at once (the
+// per-request check).
 type PeerDirectory interface {
-	// PeerAddr is the QUIC address (host:port) an admitted peer advertised.
+	// PeerAddr is the QUIC address (host:port) an admitted peer advertised;
+	// false when the node is not admitted.
 	PeerAddr(node string) (string, bool)
-	// PeerKey is the identity key an admitted peer is pinned to.
+	// PeerKey is the identity key an admitted peer is pinned to; false
+	// when the node is not admitted.
 	PeerKey(node string) (ed25519.PublicKey, bool)
 	// IsAdmitted reports whether node is admitted right now.
 	IsAdmitted(node string) bool
@@ -387,11 +392,12 @@ func (t *Transport) Close() error {
 }
 
 // RoundTrip sends r to the peer agent named by r.URL.Host (a node id, no
-// port) over HTTP/3, scheme https. The peer must be admitted now; it is
-// dialed at its PeerAddr and its certificate pinned to its PeerKey. A live
-// connection to it is reused unless the peer's key or address changed since
-// it was verified. Cancelling r's context resets the request stream, which
-// cancels the request on the peer.
+// port) over HTTP/3, scheme https. The peer must be admitted now (PeerKey,
+// checked on every call); it is dialed at its PeerAddr and its certificate
+// pinned to its PeerKey. A live connection to it is reused unless the
+// peer's key changed since it was verified; one to a peer that moved is
+// closed by the re-check loop. Cancelling r's context resets the request
+// stream, which cancels the request on the peer.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	node := r.URL.Host
 	fail := func(err error) (*http.Response, error) {
@@ -403,13 +409,6 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := ValidateNodeName(node); err != nil {
 		return fail(fmt.Errorf("mesh transport: request host %q is not a node id: %w", node, err))
 	}
-	if !t.dir.IsAdmitted(node) {
-		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
-	}
-	addr, ok := t.dir.PeerAddr(node)
-	if !ok {
-		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
-	}
 	key, ok := t.dir.PeerKey(node)
 	if !ok {
 		return fail(fmt.Errorf("peer %q: %w", node, ErrUnknownPeer))
@@ -420,7 +419,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return fail(ErrTransportClosed)
 	}
 	d := t.dialed[node]
-	stale := d != nil && (d.addr != addr || !d.key.Equal(key))
+	stale := d != nil && !d.key.Equal(key)
 	if stale {
 		delete(t.dialed, node)
 	}
@@ -579,10 +578,8 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 	t.cfg.Handler.ServeHTTP(w, r)
 }
 
+// stillValid reports whether node is admitted now with key.
 func (t *Transport) stillValid(node string, key ed25519.PublicKey) bool {
-	if !t.dir.IsAdmitted(node) {
-		return false
-	}
 	k, ok := t.dir.PeerKey(node)
 	return ok && k.Equal(key)
 }

@@ -55,7 +55,24 @@ type PeerScorer struct {
 type peerStat struct {
 	inflight  int64
 	fails     int // consecutive
+	lastFail  time.Time
 	coolUntil time.Time
+}
+
+// recentFails is the consecutive failure count, forgotten a cool-down
+// period after the last failure (or after the end of the cool-down it
+// caused): an old blip does not keep a peer behind its equals forever,
+// while a peer that fails again as soon as its cool-down ends is cooled
+// down again at once.
+func (p *peerStat) recentFails(now time.Time, cooldown time.Duration) int {
+	ref := p.lastFail
+	if p.coolUntil.After(ref) {
+		ref = p.coolUntil
+	}
+	if now.Sub(ref) > cooldown {
+		return 0
+	}
+	return p.fails
 }
 
 var _ Resolver = (*PeerScorer)(nil)
@@ -116,7 +133,7 @@ func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 		if p := s.peers[c.Node]; p != nil {
 			k.cooled = now.Before(p.coolUntil)
 			k.load += p.inflight
-			k.fails = p.fails
+			k.fails = p.recentFails(now, s.cfg.Cooldown)
 		}
 		ks = append(ks, k)
 	}
@@ -165,7 +182,8 @@ func (s *PeerScorer) Observe(node string, ok bool) {
 		p.coolUntil = time.Time{}
 		return
 	}
-	p.fails++
+	p.fails = p.recentFails(now, s.cfg.Cooldown) + 1
+	p.lastFail = now
 	if p.fails >= s.cfg.FailureThreshold {
 		p.coolUntil = now.Add(s.cfg.Cooldown)
 	}
@@ -187,7 +205,7 @@ func (s *PeerScorer) end(node string) {
 type PeerScore struct {
 	Node       string
 	InFlight   int64
-	Failures   int // consecutive
+	Failures   int // consecutive, within the cool-down period of each other
 	CooledDown bool
 	CoolUntil  time.Time // zero when not cooled down
 }
@@ -198,7 +216,7 @@ func (s *PeerScorer) Peers() []PeerScore {
 	s.mu.Lock()
 	out := make([]PeerScore, 0, len(s.peers))
 	for n, p := range s.peers {
-		ps := PeerScore{Node: n, InFlight: p.inflight, Failures: p.fails}
+		ps := PeerScore{Node: n, InFlight: p.inflight, Failures: p.recentFails(now, s.cfg.Cooldown)}
 		if now.Before(p.coolUntil) {
 			ps.CooledDown, ps.CoolUntil = true, p.coolUntil
 		}

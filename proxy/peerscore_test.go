@@ -115,6 +115,23 @@ func TestPeerScorerCooldownExpires(t *testing.T) {
 	}
 }
 
+func TestPeerScorerForgetsOldFailures(t *testing.T) {
+	s, clk := newScorerForTest(t, remote("b", 0), remote("c", 0))
+	s.Observe("b", false)
+	if got, want := nodesOf(s.Resolve("chat")), []string{"c", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("after a failure: Resolve = %v, want %v", got, want)
+	}
+	clk.Advance(11 * time.Second)
+	if got, want := nodesOf(s.Resolve("chat")), []string{"b", "c"}; !slices.Equal(got, want) {
+		t.Errorf("a cool-down period later: Resolve = %v, want %v", got, want)
+	}
+	// An old failure does not count towards a new cool-down.
+	s.Observe("b", false)
+	if p := s.Peers(); p[0].Failures != 1 || p[0].CooledDown {
+		t.Errorf("Peers() = %+v, want b with 1 recent failure, not cooled down", p)
+	}
+}
+
 // rtFunc is a RoundTripper made of a function.
 type rtFunc func(*http.Request) (*http.Response, error)
 
