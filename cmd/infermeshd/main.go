@@ -31,6 +31,7 @@ func run(args []string) error {
 	configPath := fs.String("config", "/etc/infermesh/infermesh.yaml", "configuration file")
 	dev := fs.Bool("dev", false, "development mode: one node, the built-in demo model as role chat on 127.0.0.1:18080, state in a temp dir")
 	devDelay := fs.Duration("dev-token-delay", 30*time.Millisecond, "dev mode: delay between streamed demo tokens")
+	devPort := fs.Int("dev-port", 18080, "dev mode: the loopback port of role chat")
 	logLevel := fs.String("log-level", "", "override log.level (debug, info, warn, error)")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -51,6 +52,12 @@ func run(args []string) error {
 		defer os.RemoveAll(dir)
 		if cfg, err = agent.DevConfig(dir); err != nil {
 			return err
+		}
+		chat := cfg.Roles["chat"]
+		chat.Port = *devPort
+		cfg.Roles["chat"] = chat
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("-dev-port: %w", err)
 		}
 	} else {
 		if cfg, err = agent.LoadConfig(*configPath); err != nil {

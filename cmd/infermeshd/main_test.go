@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "infermeshd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "infermeshd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestDevModeServesAndStopsCleanly is `make run`: the dev agent prints a
+// curl line, streams a chat completion ending in [DONE], tells systemd it is
+// ready, and exits 0 on SIGTERM.
+func TestDevModeServesAndStopsCleanly(t *testing.T) {
+	notify := filepath.Join(t.TempDir(), "notify.sock")
+	nconn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notify, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nconn.Close()
+
+	port := freePort(t)
+	cmd := exec.Command(bin, "-dev", "-dev-port", fmt.Sprint(port), "-dev-token-delay", "1ms")
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notify)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := make(chan string, 256)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	want := fmt.Sprintf("curl -sN http://127.0.0.1:%d/v1/chat/completions", port)
+	deadline := time.After(20 * time.Second)
+	for found := false; !found; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("infermeshd exited before printing the curl line")
+			}
+			found = strings.Contains(l, want)
+		case <-deadline:
+			t.Fatalf("no %q line within 20s", want)
+		}
+	}
+
+	buf := make([]byte, 256)
+	nconn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := nconn.Read(buf)
+	if err != nil || string(buf[:n]) != "READY=1" {
+		t.Errorf("sd_notify got %q, %v; want READY=1", buf[:n], err)
+	}
+
+	var resp *http.Response
+	for i := 0; i < 100; i++ { // the demo instance registers after its first probe
+		resp, err = http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json",
+			strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err == nil && resp.StatusCode == 200 {
+			break
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("chat: %v", err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.HasSuffix(string(raw), "data: [DONE]\n\n") || !strings.Contains(string(raw), `"model":"chat"`) {
+		t.Errorf("stream = %q", raw)
+	}
+
+	go func() {
+		for range lines {
+		}
+	}()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v, want a clean exit", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("infermeshd did not stop within 15s of SIGTERM")
+	}
+}
+
+func TestConfigErrorsExitNonZero(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("node: {name: a}\nroles:\n  chat: {port: 1, upstrem: x}\n"), 0o600)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-config", bad}, `line 3: unknown key "upstrem"`},
+		{[]string{"-config", filepath.Join(dir, "missing.yaml")}, "no such file"},
+		{[]string{"-dev", "-dev-port", "0"}, "roles.chat.port"},
+		{[]string{"-bogus"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		out, err := exec.Command(bin, tt.args...).CombinedOutput()
+		if err == nil {
+			t.Errorf("%v: exit 0, want failure", tt.args)
+		}
+		if !strings.Contains(string(out), tt.want) {
+			t.Errorf("%v: output %q, want it to mention %q", tt.args, out, tt.want)
+		}
+	}
+}
+
+// TestSIGHUPReloads changes the config under a running agent and checks the
+// reload is applied (the role becomes exposed) without a restart.
+func TestSIGHUPReloads(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "infermesh.yaml")
+	sock := filepath.Join(dir, "admin.sock")
+	port := freePort(t)
+	write := func(expose bool) {
+		c := fmt.Sprintf("node: {name: a, state_dir: %s}\nadmin: {socket: %s}\nlog: {level: info}\nroles:\n  chat: {port: %d, upstream: 'http://127.0.0.1:9', expose: %v}\n", dir, sock, port, expose)
+		if err := os.WriteFile(cfgPath, []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(false)
+	cmd := exec.Command(bin, "-config", cfgPath)
+	var logs strings.Builder
+	cmd.Stderr = &syncWriter{w: &logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	waitLog := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(logsString(cmd), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("log never showed %q:\n%s", what, logsString(cmd))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLog("infermeshd ready")
+	write(true)
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(`"msg":"reloaded"`)
+	if s := logsString(cmd); !strings.Contains(s, "roles.chat.expose") {
+		t.Errorf("reload log does not report the change:\n%s", s)
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func logsString(cmd *exec.Cmd) string {
+	sw := cmd.Stderr.(*syncWriter)
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	return sw.w.String()
+}
