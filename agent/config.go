@@ -315,6 +315,9 @@ func (c *Config) Validate() error {
 	if err := c.Trust.validate(); err != nil {
 		return err
 	}
+	if _, err := c.MeshTrust(); err != nil { // every key must parse, named by field
+		return err
+	}
 	if c.Admin.Socket == "" {
 		c.Admin.Socket = DefaultAdminSocket
 	}

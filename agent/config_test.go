@@ -18,7 +18,7 @@ mesh:
   quic: 127.0.0.1:7947
   join: [127.0.0.2:7946]
 trust:
-  nodes: [{name: b, public_key: AAAA}]
+  nodes: [{name: b, public_key: c2gizNIRmOKSn6exQlbMyiu0FdmLWInlPtFNdMJFdi8=}]
 admin: { socket: /tmp/im-a/admin.sock, group: infermesh-admin }
 roles:
   chat:
@@ -96,6 +96,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"mesh without quic", "node: {name: a}\nmesh: {bind: '127.0.0.1:7946'}\n", "mesh.quic"},
 		{"join without bind", "node: {name: a}\nmesh: {join: ['127.0.0.1:1']}\n", "mesh.bind"},
 		{"bad join", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '127.0.0.1:2', join: [nope]}\n", "mesh.join[0]"},
+		{"trusted node bad key", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: nope}]}\n", "trust.nodes[0].public_key"},
+		{"bad authority", "node: {name: a}\ntrust: {authority: 'AAAA'}\n", "trust.authority"},
 		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},
 		{"bad scope", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: k, scope: admin}]}\n", "trust.nodes[0].scope"},
 		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "admin.metrics"},
