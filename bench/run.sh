@@ -29,7 +29,7 @@ if [ "$QUICK" = 1 ]; then
   MANY_TOKENS=8 # 2 s streams
   LOADGEN_MODE=-quick
 else
-  MANY_TOKENS=24 # 6 s streams: every stream is open at once at 4096
+  MANY_TOKENS=32 # 8 s streams: opened at 1000/s, all 4096 are open at once
   LOADGEN_MODE=
 fi
 STREAM_TOKENS=64

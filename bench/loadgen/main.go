@@ -131,12 +131,12 @@ func run(ctx context.Context, args []string) error {
 	if p.Quick {
 		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 2, 200*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
 		p.StreamReps, p.StreamDur = 1, time.Duration(p.StreamTokens)*p.StreamDelay/2
-		p.ManyLevels, p.ManyRate = []int{512}, 2000
+		p.ManyLevels, p.ManyRate = []int{512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10}, 20*time.Second
 	} else {
 		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 7, 2*time.Second, 1500*time.Millisecond, 1500*time.Millisecond
 		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
-		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 4000
+		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 75*time.Second
 	}
 	if *skipMesh {

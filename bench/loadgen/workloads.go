@@ -47,6 +47,7 @@ type manyRes struct {
 	Streams       int     `json:"streams"`
 	Completed     int     `json:"completed"`
 	PeakOpen      int     `json:"peak_open"`
+	SlowStarts    int     `json:"slow_starts"`
 	StalledFrames int     `json:"stalled_frames"`
 	DroppedFrames int     `json:"dropped_frames"`
 	Failed        int     `json:"failed_streams"`
@@ -207,7 +208,7 @@ func (b *bench) runAll(ctx context.Context) {
 			logf("concurrent streams: %s, %d streams", b.cs[ci].Name, n)
 			r := b.manyRun(ctx, ci, n)
 			b.res[ci].Many = append(b.res[ci].Many, r)
-			logf("  completed %d/%d, peak open %d, stalled frames %d, dropped frames %d, rss %d -> %d KiB", r.Completed, r.Streams, r.PeakOpen, r.StalledFrames, r.DroppedFrames, r.RSSBeforeKiB, r.RSSPeakKiB)
+			logf("  completed %d/%d, peak open %d, slow starts %d, stalled frames %d, dropped frames %d, rss %d -> %d KiB", r.Completed, r.Streams, r.PeakOpen, r.SlowStarts, r.StalledFrames, r.DroppedFrames, r.RSSBeforeKiB, r.RSSPeakKiB)
 		}
 	}
 	for _, n := range b.p.MeshNodes {
@@ -399,7 +400,7 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 	res.RSSBeforeKiB = readRSS(c.PID)
 	streamLen := time.Duration(b.p.ManyTokens) * b.p.ManyDelay
 
-	var open, peak, completed, stalled, dropped, failed atomic.Int64
+	var open, peak, completed, slow, stalled, dropped, failed atomic.Int64
 	var firstErr sync.Once
 	sampleDone := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -445,7 +446,11 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 			prev := time.Now()
 			st, err := cn.stream(req, false, func(f frame) {
 				if f.at.Sub(prev) > b.p.StallAfter {
-					stalled.Add(1)
+					if got == 0 {
+						slow.Add(1) // the first delta: opening the stream was slow
+					} else {
+						stalled.Add(1)
+					}
 				}
 				prev = f.at
 				if f.done {
@@ -477,7 +482,8 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 	sampler.Wait()
 	res.Duration = time.Since(start).Round(time.Millisecond).String()
 	res.Completed, res.PeakOpen = int(completed.Load()), int(peak.Load())
-	res.StalledFrames, res.DroppedFrames, res.Failed = int(stalled.Load()), int(dropped.Load()), int(failed.Load())
+	res.SlowStarts, res.StalledFrames = int(slow.Load()), int(stalled.Load())
+	res.DroppedFrames, res.Failed = int(dropped.Load()), int(failed.Load())
 	res.RSSPeakKiB = rssPeak.Load()
 	if c.PID > 0 && res.RSSBeforeKiB > 0 {
 		res.KiBPerStream = float64(res.RSSPeakKiB-res.RSSBeforeKiB) / float64(n)
