@@ -325,23 +325,32 @@ func (t *Transport) Serve(ctx context.Context) error {
 
 	errc := make(chan error, 1) // buffered: the server goroutine never blocks on exit
 	go func() { errc <- t.srv.ServeListener(ln) }()
+	accepting := true
+	wait := func() {
+		if accepting {
+			<-errc
+		}
+	}
 	tick := time.NewTicker(t.cfg.RecheckInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			_ = t.Close()
-			<-errc
+			wait()
 			return nil
 		case <-t.closing:
-			<-errc
+			wait()
 			return nil
 		case err := <-errc:
-			_ = t.Close()
-			if errors.Is(err, http.ErrServerClosed) {
-				return nil
+			accepting = false
+			if !errors.Is(err, http.ErrServerClosed) {
+				_ = t.Close()
+				return fmt.Errorf("mesh transport: serve: %w", err)
 			}
-			return fmt.Errorf("mesh transport: serve: %w", err)
+			// Shutdown stopped accepting; requests in flight finish and
+			// their connections are still re-checked until it closes us.
+			errc = nil
 		case <-tick.C:
 			t.recheck()
 		}

@@ -590,3 +590,58 @@ func TestTransportOverMesh(t *testing.T) {
 		t.Errorf("body = %q, want %q", got, want)
 	}
 }
+
+func TestTransportShutdownFinishesInFlightRequests(t *testing.T) {
+	dir := newStaticDir()
+	started := make(chan struct{})
+	release := make(chan struct{})
+	b := startNode(t, dir, "b", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if peer, _ := PeerFromRequest(r); peer == "idle" {
+			return
+		}
+		fmt.Fprint(w, "data: 0\n\n")
+		http.NewResponseController(w).Flush()
+		close(started)
+		<-release
+		fmt.Fprint(w, "data: 1\n\n")
+	}), nil)
+	a := startNode(t, dir, "a", nil, nil)
+	idle := startNode(t, dir, "idle", nil, nil)
+	// idle holds an open connection to b without a request in flight.
+	iresp, err := post(context.Background(), idle.tr, "b", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, iresp.Body)
+	iresp.Body.Close()
+	resp, err := post(context.Background(), a.tr, "b", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.tr.Shutdown(ctx) }()
+	time.Sleep(100 * time.Millisecond) // Shutdown is under way
+	close(release)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("in-flight stream during Shutdown: %v (got %q)", err, body)
+	}
+	if want := "data: 0\n\ndata: 1\n\n"; string(body) != want {
+		t.Errorf("in-flight stream = %q, want %q", body, want)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Shutdown did not return once the in-flight request finished (idle peers must close on GOAWAY)")
+	}
+	if _, err := post(context.Background(), a.tr, "b", `{}`); err == nil {
+		t.Error("request after Shutdown succeeded, want an error")
+	}
+}
