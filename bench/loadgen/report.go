@@ -369,11 +369,13 @@ func (r *Report) Markdown() string {
 		w("\n## Mesh: in-process nodes on loopback (mesh/meshbench, %s profile)\n\n", r.Mesh[0].Profile)
 		w("| N | membership complete | advert reached all | death noticed by all |\n| --- | --- | --- | --- |\n")
 		for _, m := range r.Mesh {
-			if m.Err != "" {
-				w("| %d | failed: %s | | |\n", m.N, strings.ReplaceAll(m.Err, "|", "/"))
-				continue
+			cell := func(v string) string {
+				if v == "" && m.Err != "" {
+					return "failed: " + strings.ReplaceAll(m.Err, "|", "/")
+				}
+				return v
 			}
-			w("| %d | %s | %s | %s |\n", m.N, m.Membership, m.Advert, m.Death)
+			w("| %d | %s | %s | %s |\n", m.N, cell(m.Membership), cell(m.Advert), cell(m.Death))
 		}
 	}
 	if len(r.Targets) > 0 {

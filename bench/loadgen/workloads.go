@@ -222,10 +222,15 @@ func (b *bench) runAll(ctx context.Context) {
 		mr := meshRes{N: n, Profile: meshProfileName}
 		if err != nil {
 			mr.Err = err.Error()
-		} else {
-			mr.Membership = r.Membership.Round(time.Millisecond).String()
-			mr.Advert = r.Advert.Round(time.Millisecond).String()
-			mr.Death = r.Death.Round(time.Millisecond).String()
+		}
+		// A failure in a later phase keeps the figures of the earlier ones.
+		for _, f := range []struct {
+			d   time.Duration
+			out *string
+		}{{r.Membership, &mr.Membership}, {r.Advert, &mr.Advert}, {r.Death, &mr.Death}} {
+			if f.d > 0 {
+				*f.out = f.d.Round(time.Millisecond).String()
+			}
 		}
 		logf("  %+v", mr)
 		b.mesh = append(b.mesh, mr)
