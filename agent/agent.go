@@ -205,7 +205,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.mu.Lock()
 		a.mesh = m
 		a.mu.Unlock()
-		defer a.leaveMesh(m)
+		defer a.closeMesh(m)
 		tr, err := a.startTransport(m)
 		if err != nil {
 			return fmt.Errorf("mesh.quic: %w", err)
@@ -346,6 +346,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	a.notify("STOPPING=1")
+	if m != nil {
+		// Leave first: peers forget our adverts at once and stop sending new
+		// requests, while the ones in flight finish below.
+		a.leaveMesh(m)
+	}
 	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.cfg.Proxy.ShutdownTimeout))
 	sctx, scancel := context.WithTimeout(context.Background(), a.cfg.Proxy.ShutdownTimeout)
 	defer scancel()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -118,6 +119,7 @@ roles:
 		t.Fatal(err)
 	}
 	cfg.Node.StateDir = t.TempDir()
+	cfg.Admin.Socket = filepath.Join(cfg.Node.StateDir, "admin.sock")
 	r := cfg.Roles["chat"]
 	r.Port = 0
 	cfg.Roles["chat"] = r

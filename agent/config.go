@@ -412,6 +412,21 @@ func (m *MeshConfig) validate() error {
 	if m.Bind != "" && m.QUIC == "" {
 		return fieldErr("mesh.quic", "must be set when mesh.bind is (peers forward requests over QUIC)")
 	}
+	// Peers dial the advertised QUIC address: it must name one host and a
+	// fixed port.
+	if m.QUIC != "" {
+		field, adv := "mesh.quic", m.QUIC
+		if m.QUICAdvertise != "" {
+			field, adv = "mesh.quic_advertise", m.QUICAdvertise
+		}
+		h, p, _ := net.SplitHostPort(adv)
+		if p == "0" {
+			return fieldErr(field, "%q: peers need a fixed port to dial", adv)
+		}
+		if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+			return fieldErr(field, "%q is not an address peers can dial; set mesh.quic_advertise", adv)
+		}
+	}
 	return nil
 }
 

@@ -124,11 +124,19 @@ func (a *Agent) joinMesh(ctx context.Context, m *mesh.Mesh) {
 }
 
 // leaveMesh tells peers we are going (they forget our adverts at once),
-// bounded by a timeout, then shuts the membership down.
+// bounded by a timeout.
 func (a *Agent) leaveMesh(m *mesh.Mesh) {
-	if err := m.Leave(3 * time.Second); err != nil {
+	if err := m.Leave(leaveTimeout); err != nil {
 		a.log.Warn("leaving the mesh", zap.Error(err))
 	}
+}
+
+// leaveTimeout bounds the wait for our leave message to spread.
+const leaveTimeout = 2 * time.Second
+
+// closeMesh shuts the membership down (after leaveMesh on a clean stop;
+// alone when start-up failed, and peers then declare us dead).
+func (a *Agent) closeMesh(m *mesh.Mesh) {
 	if err := m.Close(); err != nil {
 		a.log.Warn("closing the mesh", zap.Error(err))
 	}

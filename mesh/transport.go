@@ -44,8 +44,8 @@ var _ PeerDirectory = (*Mesh)(nil)
 // Transport defaults.
 const (
 	DefaultHandshakeTimeout  = 2 * time.Second
-	DefaultKeepAlivePeriod   = 5 * time.Second
-	DefaultMaxIdleTimeout    = 15 * time.Second
+	DefaultKeepAlivePeriod   = 2 * time.Second
+	DefaultMaxIdleTimeout    = 6 * time.Second
 	DefaultRecheckInterval   = time.Second
 	DefaultMaxStreamsPerPeer = 1024
 )
