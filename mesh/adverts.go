@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/json"
@@ -183,7 +184,10 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 		return
 	}
 	// Only a strictly newer sequence number gets here: only it refreshes
-	// the TTL in placement.
+	// the TTL in placement. The record (and the relay below) keep their own
+	// copy: memberlist reuses NotifyMsg's buffer, and a push/pull buffer
+	// holds every other advert too.
+	msg = bytes.Clone(msg)
 	m.adverts[k] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
 	if m.sink != nil {
 		if body.Withdrawn {

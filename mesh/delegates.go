@@ -39,18 +39,18 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-// NotifyMsg receives gossiped adverts. The buffer is reused by memberlist.
+// NotifyMsg receives gossiped adverts. The buffer is reused by memberlist
+// after the call: handleAdvert copies what it keeps.
 func (d *delegate) NotifyMsg(b []byte) {
 	m := (*Mesh)(d)
 	if len(b) == 0 {
 		return
 	}
-	msg := append([]byte(nil), b...)
-	switch msg[0] {
+	switch b[0] {
 	case msgAdvert:
-		m.handleAdvert(msg, true)
+		m.handleAdvert(b, true)
 	default:
-		m.refuse(auditAdvertRefused, "", "", reasonMalformed, fmt.Sprintf("unknown message type %d", msg[0]))
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, fmt.Sprintf("unknown message type %d", b[0]))
 	}
 }
 
