@@ -11,8 +11,9 @@
 #
 # A contender is one function `contender_<name>` that starts it and calls
 # `entry` with its three addresses, the model names clients ask for and the
-# pid whose RSS is sampled (or `missing "<why>"`), plus its name in
-# CONTENDERS. The first contender must be `direct`.
+# pids whose RSS is sampled and summed (or `missing "<why>"`), plus its name
+# in CONTENDERS. The first contender must be `direct`. infermesh-quic is two
+# agents (a consuming over QUIC what b serves); its RSS is a + b.
 #
 # Environment: BENCH_QUICK=1 quick mode; BENCH_KEEP=1 keeps the work
 # directory (configs and logs); BENCH_ARGS extra loadgen flags;
@@ -71,11 +72,11 @@ export PATH=$PATH:/usr/sbin
 
 # Binaries: make bench builds bin/; the load generator is built here.
 GO=${GO:-go}
-[ -x bin/infermeshd ] && [ -x bin/infermesh-demo ] || CGO_ENABLED=0 $GO build -trimpath -o bin/ ./cmd/infermeshd ./cmd/infermesh-demo
+[ -x bin/infermeshd ] && [ -x bin/infermesh-demo ] && [ -x bin/infermesh ] || CGO_ENABLED=0 $GO build -trimpath -o bin/ ./cmd/infermeshd ./cmd/infermesh-demo ./cmd/infermesh
 $GO build -o "$WORK/loadgen" ./bench/loadgen
 LOADGEN=$WORK/loadgen
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 15)
+mapfile -t PORTS < <("$LOADGEN" -free-ports 25)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
@@ -117,9 +118,10 @@ done
 
 # --- contenders -------------------------------------------------------------
 ENTRIES=()
-# entry <name> <desc> <fast addr> <fast model> <stream addr> <stream model> <many addr> <many model> <pid>
+# entry <name> <desc> <fast addr> <fast model> <stream addr> <stream model> <many addr> <many model> <pids>
+# (pids: comma-separated; their RSS is summed)
 entry() {
-  ENTRIES+=("$(printf '{"name":"%s","desc":"%s","fast":{"addr":"%s","model":"%s"},"stream":{"addr":"%s","model":"%s"},"many":{"addr":"%s","model":"%s"},"pid":%d}' "$@")")
+  ENTRIES+=("$(printf '{"name":"%s","desc":"%s","fast":{"addr":"%s","model":"%s"},"stream":{"addr":"%s","model":"%s"},"many":{"addr":"%s","model":"%s"},"pids":[%s]}' "$@")")
 }
 # missing <name> <desc> <why>
 missing() { ENTRIES+=("$(printf '{"name":"%s","desc":"%s","missing":"%s"}' "$@")"); }
@@ -158,8 +160,62 @@ contender_infermesh() { infermesh_at infermesh bin/infermeshd "$(port 3)" "$(por
 
 contender_infermesh_before() { infermesh_at infermesh-before "$BENCH_COMPARE" "$(port 12)" "$(port 13)" "$(port 14)"; }
 
+# The remote path: two agents on loopback. A (127.0.0.1) has the three
+# roles with no local instance and accepts them from B; B (127.0.0.2)
+# serves them from the same demo upstreams, exposed to A only. Node keys
+# and the gossip keyring are made with `infermesh keygen`, trust is static
+# both ways (trust.nodes), as in the README's "Building a mesh". The load
+# generator talks to A only; RSS is sampled from A and B together.
 contender_infermesh_quic() {
-  missing infermesh-quic "infermeshd -> QUIC -> infermeshd -> upstream" "not built yet"
+  local d=$WORK/quic pa=(15 16 17) pb=(18 19 20) ka kb pid_a pid_b role i
+  local a_gossip=127.0.0.1:$(port 21) a_quic=127.0.0.1:$(port 22)
+  local b_gossip=127.0.0.2:$(port 23) b_quic=127.0.0.2:$(port 24)
+  mkdir -p "$d/a" "$d/b"
+  ka=$(bin/infermesh keygen --state-dir "$d/a" | head -1) || die "infermesh keygen for a failed"
+  kb=$(bin/infermesh keygen --state-dir "$d/b" | head -1) || die "infermesh keygen for b failed"
+  bin/infermesh keygen --gossip --keyring "$d/a/keyring.json" >/dev/null || die "infermesh keygen --gossip failed"
+  cp -p "$d/a/keyring.json" "$d/b/keyring.json"
+  cat >"$d/a.yaml" <<EOF
+node: {name: a, state_dir: $d/a}
+log: {level: warn}
+admin: {socket: $d/a/admin.sock}
+mesh: {bind: "$a_gossip", quic: "$a_quic"}
+trust: {nodes: [{name: b, public_key: "$kb"}]}
+roles:
+  chat:   {port: $(port "${pa[0]}"), accept_from: [b]}
+  stream: {port: $(port "${pa[1]}"), accept_from: [b]}
+  many:   {port: $(port "${pa[2]}"), accept_from: [b]}
+EOF
+  cat >"$d/b.yaml" <<EOF
+node: {name: b, state_dir: $d/b}
+log: {level: warn}
+admin: {socket: $d/b/admin.sock}
+mesh: {bind: "$b_gossip", quic: "$b_quic", join: ["$a_gossip"]}
+trust: {nodes: [{name: a, public_key: "$ka"}]}
+roles:
+  chat:   {port: $(port "${pb[0]}"), upstream: "http://127.0.0.1:$P_FAST", model: demo, expose: true, serve_to: [a]}
+  stream: {port: $(port "${pb[1]}"), upstream: "http://127.0.0.1:$P_STREAM", model: demo, expose: true, serve_to: [a]}
+  many:   {port: $(port "${pb[2]}"), upstream: "http://127.0.0.1:$P_MANY", model: demo, expose: true, serve_to: [a]}
+EOF
+  start infermesh-quic-a bin/infermeshd -config "$d/a.yaml"
+  pid_a=$LAST_PID
+  start infermesh-quic-b bin/infermeshd -config "$d/b.yaml"
+  pid_b=$LAST_PID
+  # Until A routes every role to B (B joined, admitted, advertised).
+  for role in chat stream many; do
+    for i in $(seq 1 150); do
+      kill -0 "$pid_a" 2>/dev/null && kill -0 "$pid_b" 2>/dev/null || die "an infermesh-quic agent exited (see $WORK/infermesh-quic-[ab].log)"
+      bin/infermesh --socket "$d/a/admin.sock" --json route "$role" 2>/dev/null | grep -q '"serving": *"b"' && break
+      [ "$i" -lt 150 ] || die "infermesh-quic: a does not route $role to b after 15 s (see $WORK/infermesh-quic-[ab].log; BENCH_KEEP=1 keeps them)"
+      sleep 0.1
+    done
+  done
+  wait_http "http://127.0.0.1:$(port "${pa[0]}")/v1/chat/completions" "$(chat_body chat)" || die "infermesh-quic: chat not served through b"
+  wait_http "http://127.0.0.1:$(port "${pa[1]}")/v1/chat/completions" "$(chat_body stream)" || die "infermesh-quic: stream not served through b"
+  wait_http "http://127.0.0.1:$(port "${pa[2]}")/v1/chat/completions" "$(chat_body many)" || die "infermesh-quic: many not served through b"
+  entry infermesh-quic "infermeshd a -> QUIC (HTTP/3, mTLS) -> infermeshd b -> upstream; RSS is a + b" \
+    "127.0.0.1:$(port "${pa[0]}")" chat "127.0.0.1:$(port "${pa[1]}")" stream "127.0.0.1:$(port "${pa[2]}")" many "$pid_a,$pid_b"
+  ENTRIES[-1]="${ENTRIES[-1]%\}}"',"pid_names":["a","b"]}'
 }
 
 contender_nginx() {

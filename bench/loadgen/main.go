@@ -22,6 +22,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -48,9 +51,28 @@ type Contender struct {
 	Fast   Target `json:"fast"`
 	Stream Target `json:"stream"`
 	Many   Target `json:"many"`
-	// PID is the process whose RSS is sampled while streams are open
-	// (0: not sampled).
-	PID int `json:"pid"`
+	// PIDs are the processes whose RSS is sampled while streams are open
+	// and summed (none or 0: not sampled); infermesh-quic is two agents.
+	PIDs []int `json:"pids"`
+	// PIDNames name the PIDs in reports (optional).
+	PIDNames []string `json:"pid_names,omitempty"`
+	// PID is one more such process (the harness's older form).
+	PID int `json:"pid,omitempty"`
+}
+
+// quicName is the remote-path contender: app -> agent a -> QUIC -> agent b
+// -> instance.
+const quicName = "infermesh-quic"
+
+// pids returns the processes to sample, without zeros.
+func (c Contender) pids() []int {
+	var out []int
+	for _, p := range append(slices.Clone(c.PIDs), c.PID) {
+		if p > 0 && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Params are the workload sizes.
@@ -73,6 +95,9 @@ type Params struct {
 	StallAfter   time.Duration `json:"stall_after"`
 	MeshNodes    []int         `json:"mesh_nodes"`
 	MeshTimeout  time.Duration `json:"mesh_timeout"`
+	// BareH3 measures a bare HTTP/3 exchange at c=1 alongside the
+	// contenders when infermesh-quic is among them.
+	BareH3 bool `json:"bare_h3"`
 }
 
 func main() {
@@ -96,6 +121,8 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&p.ManyTokens, "many-tokens", 24, "deltas per stream of the concurrent-streams workload")
 	fs.DurationVar(&p.ManyDelay, "many-delay", 250*time.Millisecond, "delay between deltas of the concurrent-streams workload")
 	skipMesh := fs.Bool("skip-mesh", false, "do not measure mesh convergence")
+	manyLevels := fs.String("many-levels", "", "comma-separated concurrent-streams levels instead of the mode's (e.g. 2048,512)")
+	fs.BoolVar(&p.BareH3, "bare-h3", true, "with infermesh-quic among the contenders, also measure a bare HTTP/3 exchange (two mesh transports in this process) at c=1")
 	freePorts := fs.Int("free-ports", 0, "print this many free loopback TCP ports and exit (for bench/run.sh)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -141,6 +168,16 @@ func run(ctx context.Context, args []string) error {
 	}
 	if *skipMesh {
 		p.MeshNodes = nil
+	}
+	if *manyLevels != "" {
+		p.ManyLevels = nil
+		for _, f := range strings.Split(*manyLevels, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("-many-levels: %q is not a positive number", f)
+			}
+			p.ManyLevels = append(p.ManyLevels, n)
+		}
 	}
 
 	b := newBench(cs, p)

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/infermesh/infermesh/mesh"
 )
 
 // Stat is a figure over repetitions: the median and the spread.
@@ -78,7 +80,12 @@ type Report struct {
 	Params     Params            `json:"params"`
 	Contenders []ContReport      `json:"contenders"`
 	Mesh       []meshRes         `json:"mesh,omitempty"`
-	Targets    []TargetCheck     `json:"targets"`
+	// BareH3 is a bare HTTP/3 exchange at c=1 (two mesh transports in the
+	// load generator's process), measured with infermesh-quic; BareH3Note
+	// says why it is missing.
+	BareH3     *LatFig       `json:"bare_h3_c1,omitempty"`
+	BareH3Note string        `json:"bare_h3_note,omitempty"`
+	Targets    []TargetCheck `json:"targets"`
 }
 
 // TargetCheck is one of the issue's targets, reported (never asserted).
@@ -154,6 +161,8 @@ func (b *bench) report(meta map[string]string) *Report {
 		Started: b.started, Elapsed: time.Since(b.started).Round(time.Second).String(), Mode: mode,
 		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh,
 	}
+	r.BareH3 = latFig(b.h3, nil, nil, true)
+	r.BareH3Note = b.h3Err
 	direct := b.res[0]
 	nginxIdx := -1
 	for i, c := range b.cs {
@@ -202,26 +211,71 @@ func (b *bench) report(meta map[string]string) *Report {
 	return r
 }
 
-// targets compares infermesh's local path with the issue's targets.
+func yes(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+// targets compares infermesh's local and remote paths with the issue's
+// targets.
 func (b *bench) targets(r *Report) []TargetCheck {
-	var im, ng *ContReport
+	var im, ng, q *ContReport
 	for i := range r.Contenders {
 		switch c := &r.Contenders[i]; {
 		case c.Name == "infermesh" && c.Missing == "":
 			im = c
 		case c.Name == "nginx" && c.Missing == "":
 			ng = c
+		case c.Name == quicName && c.Missing == "":
+			q = c
 		}
 	}
 	if im == nil {
 		return nil
 	}
-	yes := func(ok bool) string {
-		if ok {
-			return "yes"
-		}
-		return "**no**"
+	out := localTargets(im, ng)
+	if q != nil {
+		out = append(out, remoteTargets(r, im, q)...)
+		out = append(out, streamTargets(q, " through the remote path", " (a + b)")...)
 	}
+	return out
+}
+
+// remoteTargets reports the remote hop against the issue's target and
+// PERFORMANCE.md's form of it, from the medians of this run.
+func remoteTargets(r *Report, im, q *ContReport) []TargetCheck {
+	direct := r.Contenders[0]
+	if q.C1 == nil || im.C1 == nil || direct.C1 == nil || q.C1.AddedP50 == nil || im.C1.AddedP50 == nil {
+		return nil
+	}
+	remote, local, rtt := q.C1.AddedP50.Med, im.C1.AddedP50.Med, direct.C1.P50.Med
+	bound := 2*local + rtt
+	out := []TargetCheck{{
+		"remote hop added p50 ≤ 2 × local-path added p50 + loopback round trip (direct p50 at c=1)",
+		fmt.Sprintf("%.0f µs vs 2 × %.0f + %.0f = %.0f µs (%.2f× the bound)", remote, local, rtt, bound, remote/bound),
+		yes(remote <= bound),
+	}}
+	const perf = "remote path added p50 ≤ 1.25 × (local-path added p50 + bare HTTP/3 exchange p50) (PERFORMANCE.md)"
+	if r.BareH3 == nil {
+		why := r.BareH3Note
+		if why == "" {
+			why = "not measured (-bare-h3=false)"
+		}
+		out = append(out, TargetCheck{perf, why + "; see `go test -run '^$' -bench RemoteHop ./agent/`", "n/a"})
+		return out
+	}
+	h3 := r.BareH3.P50.Med
+	pb := 1.25 * (local + h3)
+	out = append(out, TargetCheck{perf,
+		fmt.Sprintf("%.0f µs vs 1.25 × (%.0f + %.0f) = %.0f µs (%.2f× the bound)", remote, local, h3, pb, remote/pb),
+		yes(remote <= pb)})
+	return out
+}
+
+// localTargets reports infermesh's local path against the issue's targets.
+func localTargets(im, ng *ContReport) []TargetCheck {
 	var out []TargetCheck
 	if ng != nil && im.C1 != nil && ng.C1 != nil && im.C1.AddedP99 != nil && ng.C1.AddedP99 != nil {
 		out = append(out, TargetCheck{"c=1 added p99 ≤ nginx's added p99",
@@ -233,14 +287,21 @@ func (b *bench) targets(r *Report) []TargetCheck {
 			fmt.Sprintf("%.2f× (%s vs %s req/s)", im.Throughput.Nginx.Med, thousands(im.Throughput.RPS.Med), thousands(ng.Throughput.RPS.Med)),
 			yes(im.Throughput.Nginx.Med >= 0.9)})
 	}
-	for _, m := range im.Many {
+	return append(out, streamTargets(im, "", "")...)
+}
+
+// streamTargets reports c's 4096-stream level (when run) against the
+// streams and memory targets.
+func streamTargets(c *ContReport, path, rss string) []TargetCheck {
+	var out []TargetCheck
+	for _, m := range c.Many {
 		if m.Streams != 4096 {
 			continue
 		}
-		out = append(out, TargetCheck{"4096 concurrent streams, zero stalls",
-			fmt.Sprintf("%d completed, %d slow starts, %d stalled frames, %d dropped frames", m.Completed, m.SlowStarts, m.StalledFrames, m.DroppedFrames),
+		out = append(out, TargetCheck{"4096 concurrent streams" + path + ", zero stalls",
+			fmt.Sprintf("%d completed, peak open %d, %d slow starts, %d stalled frames, %d dropped frames", m.Completed, m.PeakOpen, m.SlowStarts, m.StalledFrames, m.DroppedFrames),
 			yes(m.Completed == m.Streams && m.SlowStarts == 0 && m.StalledFrames == 0 && m.DroppedFrames == 0)})
-		out = append(out, TargetCheck{"RSS ≤ 64 KiB per open stream",
+		out = append(out, TargetCheck{"RSS ≤ 64 KiB per open stream" + rss,
 			fmt.Sprintf("%.1f KiB per stream (%.1f MiB per 1000)", m.KiBPerStream, m.KiBPerStream*1000/1024),
 			yes(m.KiBPerStream <= 64)})
 	}
@@ -324,6 +385,14 @@ func (r *Report) Markdown() string {
 			ratioOrBlank(f.AddedP50Nginx, c.Name), ratioOrBlank(f.AddedP99Nginx, c.Name), fmtStat(f.RPS, thousands))
 	}
 
+	switch {
+	case r.BareH3 != nil:
+		w("\nBare HTTP/3 exchange, the floor of the remote hop (two mesh transports, QUIC and TLS 1.3 with client certificates, both ends in the load generator's process; a small chat completion; interleaved with the rows above): p50 %s µs, p99 %s µs. `go test -run '^$' -bench RemoteHop ./agent/` measures it apart.\n",
+			fmtStat(r.BareH3.P50, fmtUS), fmtStat(r.BareH3.P99, fmtUS))
+	case r.BareH3Note != "":
+		w("\nBare HTTP/3 exchange: %s; `go test -run '^$' -bench RemoteHop ./agent/` measures it apart.\n", r.BareH3Note)
+	}
+
 	w("\n## c=%d: requests per second\n\n", p.Conc)
 	w("| path | req/s | ÷ direct | ÷ nginx |\n| --- | --- | --- | --- |\n")
 	for _, c := range r.Contenders {
@@ -349,7 +418,7 @@ func (r *Report) Markdown() string {
 	}
 
 	w("\n## Concurrent streams: %d deltas %v apart, opened at %d/s, each on its own connection\n\n", p.ManyTokens, p.ManyDelay, p.ManyRate)
-	w("A slow start is a stream whose first delta came more than %v after the request; a stalled frame came more than %v after the previous delta; dropped frames are missing from streams cut short. RSS is the proxy process's VmRSS before and at the peak of the first (largest) level, run first on a fresh process (later levels reuse its heap); the direct row shows the upstream's.\n\n", p.StallAfter, p.StallAfter)
+	w("A slow start is a stream whose first delta came more than %v after the request; a stalled frame came more than %v after the previous delta; dropped frames are missing from streams cut short. RSS is the proxy process's VmRSS before and at the peak of the first (largest) level, run first on a fresh process (later levels reuse its heap); the direct row shows the upstream's, a row of two agents (%s) their sum.\n\n", p.StallAfter, p.StallAfter, quicName)
 	w("| path | streams | completed | peak open | slow starts | stalled frames | dropped frames | RSS before → peak (MiB) | KiB per open stream | MiB per 1000 streams |\n")
 	w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, c := range r.Contenders {
@@ -365,6 +434,38 @@ func (r *Report) Markdown() string {
 				m.SlowStarts, m.StalledFrames, m.DroppedFrames, rss)
 		}
 	}
+	for _, c := range r.Contenders {
+		capped := 0
+		for _, m := range c.Many {
+			if m.PeakOpen < m.Streams {
+				capped = max(capped, m.PeakOpen)
+			}
+		}
+		if capped == 0 {
+			continue
+		}
+		w("\n%s: at most about %d streams were open at once (peak open); the other requests waited for a free slot before their first delta (slow starts), and its RSS per stream divides by every request in flight, open or waiting.", c.Name, capped)
+		if c.Name == quicName {
+			w(" Agent a sends them to b over one QUIC connection, which carries at most mesh.TransportConfig.MaxStreamsPerPeer concurrent requests (default mesh.DefaultMaxStreamsPerPeer = %d; no config key sets it); the rest wait at a for a stream.", mesh.DefaultMaxStreamsPerPeer)
+		}
+		w("\n")
+	}
+	for _, c := range r.Contenders {
+		if len(c.Many) == 0 || len(c.Many[0].RSSParts) == 0 {
+			continue
+		}
+		m := c.Many[0]
+		var parts []string
+		for _, pt := range m.RSSParts {
+			name := fmt.Sprintf("pid %d", pt.PID)
+			if pt.Name != "" {
+				name = fmt.Sprintf("%s (pid %d)", pt.Name, pt.PID)
+			}
+			parts = append(parts, fmt.Sprintf("%s %.1f → %.1f MiB (%.1f KiB per stream)", name,
+				float64(pt.BeforeKiB)/1024, float64(pt.PeakKiB)/1024, float64(pt.PeakKiB-pt.BeforeKiB)/float64(m.Streams)))
+		}
+		w("\n%s's RSS is the sum of its processes, sampled together; at %d streams: %s.\n", c.Name, m.Streams, strings.Join(parts, "; "))
+	}
 	if len(r.Mesh) > 0 {
 		w("\n## Mesh: in-process nodes on loopback (mesh/meshbench, %s profile)\n\n", r.Mesh[0].Profile)
 		w("| N | membership complete | advert reached all | death noticed by all |\n| --- | --- | --- | --- |\n")
@@ -379,7 +480,9 @@ func (r *Report) Markdown() string {
 		}
 	}
 	if len(r.Targets) > 0 {
-		w("\n## Targets (infermesh local path; reported, never asserted)\n\n| target | this run | met |\n| --- | --- | --- |\n")
+		w("\n## Targets (reported, never asserted)\n\n")
+		w("Local path: infermesh; remote path: %s (its added figures are its own minus direct's, per repetition); medians of this run.\n\n", quicName)
+		w("| target | this run | met |\n| --- | --- | --- |\n")
 		for _, t := range r.Targets {
 			w("| %s | %s | %s |\n", t.Target, t.Figure, t.Met)
 		}

@@ -52,9 +52,19 @@ type manyRes struct {
 	DroppedFrames int     `json:"dropped_frames"`
 	Failed        int     `json:"failed_streams"`
 	RSSBeforeKiB  int64   `json:"rss_before_kib"`
-	RSSPeakKiB    int64   `json:"rss_peak_kib"`
+	RSSPeakKiB    int64   `json:"rss_peak_kib"` // the peak of the sum over the processes
 	KiBPerStream  float64 `json:"kib_per_stream"`
 	Duration      string  `json:"duration"`
+	// RSSParts splits RSS by process when more than one is sampled.
+	RSSParts []rssPart `json:"rss_parts,omitempty"`
+}
+
+// rssPart is one sampled process's RSS before a level and its own peak.
+type rssPart struct {
+	PID       int    `json:"pid"`
+	Name      string `json:"name,omitempty"`
+	BeforeKiB int64  `json:"before_kib"`
+	PeakKiB   int64  `json:"peak_kib"`
 }
 
 // contRes holds every repetition of every workload of one contender.
@@ -76,6 +86,8 @@ type bench struct {
 	mu      sync.Mutex // guards res[*].Errors and ErrList
 	started time.Time
 	mesh    []meshRes
+	h3      []latRep // the bare HTTP/3 exchange at c=1, per repetition
+	h3Err   string   // why h3 is missing or cut short ("" when measured or not wanted)
 }
 
 type meshRes struct {
@@ -185,14 +197,25 @@ func (b *bench) runAll(ctx context.Context) {
 		b.throughputRep(ctx, ci, b.p.Warmup, false)
 		b.latencyRep(ctx, ci, b.p.Warmup/2, false)
 	}
+	h3 := b.startH3(ctx)
 	logf("c=1 latency and c=%d throughput: %d interleaved repetitions", b.p.Conc, b.p.Reps)
 	for rep := 0; rep < b.p.Reps && ctx.Err() == nil; rep++ {
 		for _, ci := range live {
 			b.latencyRep(ctx, ci, b.p.LatencyDur, true)
 		}
+		if h3 != nil {
+			if err := b.h3LatencyRep(ctx, h3, b.p.LatencyDur, true); err != nil {
+				b.h3Err = fmt.Sprintf("bare HTTP/3 exchange failed: %v", err)
+				h3.Close()
+				h3 = nil
+			}
+		}
 		for _, ci := range live {
 			b.throughputRep(ctx, ci, b.p.ThroughDur, true)
 		}
+	}
+	if h3 != nil {
+		h3.Close()
 	}
 	logf("streaming: %d interleaved repetitions of %d concurrent streams, %d deltas %v apart", b.p.StreamReps, b.p.StreamConc, b.p.StreamTokens, b.p.StreamDelay)
 	for rep := 0; rep < b.p.StreamReps && ctx.Err() == nil; rep++ {
@@ -235,6 +258,26 @@ func (b *bench) runAll(ctx context.Context) {
 		logf("  %+v", mr)
 		b.mesh = append(b.mesh, mr)
 	}
+}
+
+// startH3 starts and warms the bare HTTP/3 exchange when a remote-path
+// contender (infermesh-quic) is measured; nil otherwise or on failure
+// (recorded in h3Err).
+func (b *bench) startH3(ctx context.Context) *bareH3 {
+	if !b.p.BareH3 || !slices.ContainsFunc(b.live(), func(ci int) bool { return b.cs[ci].Name == quicName }) {
+		return nil
+	}
+	h, err := newBareH3()
+	if err != nil {
+		b.h3Err = err.Error()
+		return nil
+	}
+	if err := b.h3LatencyRep(ctx, h, b.p.Warmup/2, false); err != nil {
+		b.h3Err = fmt.Sprintf("bare HTTP/3 exchange failed: %v", err)
+		h.Close()
+		return nil
+	}
+	return h
 }
 
 // watchdog closes cn when ctx ends or after d, so a hung contender cannot
@@ -402,7 +445,26 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 	req := buildRequest(c.Many.Addr, chatPath, streamBody(c.Many.Model))
 	want := b.p.ManyTokens + 1 // deltas and the finish chunk, before [DONE]
 	res := manyRes{Streams: n}
-	res.RSSBeforeKiB = readRSS(c.PID)
+	pids := c.pids()
+	parts := make([]rssPart, len(pids))
+	// sampleRSS reads every process, keeps each one's peak and returns the sum.
+	sampleRSS := func(first bool) int64 {
+		var sum int64
+		for i, pid := range pids {
+			v := readRSS(pid)
+			sum += v
+			if first {
+				parts[i] = rssPart{PID: pid, BeforeKiB: v, PeakKiB: v}
+				if i < len(c.PIDNames) && len(c.PIDs) == len(pids) {
+					parts[i].Name = c.PIDNames[i]
+				}
+			} else if v > parts[i].PeakKiB {
+				parts[i].PeakKiB = v
+			}
+		}
+		return sum
+	}
+	res.RSSBeforeKiB = sampleRSS(true)
 	streamLen := time.Duration(b.p.ManyTokens) * b.p.ManyDelay
 
 	var open, peak, completed, slow, stalled, dropped, failed atomic.Int64
@@ -419,7 +481,7 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 			case <-sampleDone:
 				return
 			case <-t.C:
-				if v := readRSS(c.PID); v > rssPeak.Load() {
+				if v := sampleRSS(false); v > rssPeak.Load() {
 					rssPeak.Store(v)
 				}
 			}
@@ -490,7 +552,10 @@ func (b *bench) manyRun(ctx context.Context, ci, n int) manyRes {
 	res.SlowStarts, res.StalledFrames = int(slow.Load()), int(stalled.Load())
 	res.DroppedFrames, res.Failed = int(dropped.Load()), int(failed.Load())
 	res.RSSPeakKiB = rssPeak.Load()
-	if c.PID > 0 && res.RSSBeforeKiB > 0 {
+	if len(pids) > 1 {
+		res.RSSParts = parts
+	}
+	if len(pids) > 0 && res.RSSBeforeKiB > 0 {
 		res.KiBPerStream = float64(res.RSSPeakKiB-res.RSSBeforeKiB) / float64(n)
 	}
 	return res
