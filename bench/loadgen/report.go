@@ -444,9 +444,9 @@ func (r *Report) Markdown() string {
 		if capped == 0 {
 			continue
 		}
-		w("\n%s: at most about %d streams were open at once (peak open); the other requests waited for a free slot before their first delta (slow starts), and its RSS per stream divides by every request in flight, open or waiting.", c.Name, capped)
-		if c.Name == quicName {
-			w(" Agent a sends them to b over one QUIC connection, which carries at most mesh.TransportConfig.MaxStreamsPerPeer concurrent requests (default mesh.DefaultMaxStreamsPerPeer = %d; no config key sets it); the rest wait at a for a stream.", mesh.DefaultMaxStreamsPerPeer)
+		w("\n%s: at most %d streams were open at once (peak open); the others got their first delta late (slow starts), and its RSS per stream divides by every request in flight, streaming or not yet.", c.Name, capped)
+		if c.Name == quicName && capped <= mesh.DefaultMaxStreamsPerPeer+32 {
+			w(" Agent a sends them to b over one QUIC connection, which carries at most mesh.TransportConfig.MaxStreamsPerPeer concurrent requests (default mesh.DefaultMaxStreamsPerPeer = %d; no config key sets it): the rest wait at a for a stream, a whole stream's length.", mesh.DefaultMaxStreamsPerPeer)
 		}
 		w("\n")
 	}
