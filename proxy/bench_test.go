@@ -108,7 +108,7 @@ func BenchmarkProxyStream(b *testing.B) {
 
 // BenchmarkProxyChatRawUpstream is BenchmarkProxyChatParallel with an
 // instance that answers canned bytes without parsing much, so a profile
-// shows the proxy's own costs (its net/http server included) and little
+// shows the proxy's own costs (its HTTP/1.1 server included) and little
 // else.
 func BenchmarkProxyChatRawUpstream(b *testing.B) {
 	e := newEnv(b, Config{})

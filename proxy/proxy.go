@@ -130,7 +130,7 @@ type Proxy struct {
 type roleServer struct {
 	role string
 	ln   net.Listener
-	srv  *http.Server
+	srv  *h1Server
 	done chan struct{}
 }
 
@@ -182,17 +182,16 @@ func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("role %q: %w", role, err)
 	}
 	rs := &roleServer{role: role, ln: ln, done: make(chan struct{})}
-	rs.srv = &http.Server{
-		Handler:           p.RoleHandler(role),
+	rs.srv = newH1Server(p.RoleHandler(role), h1Config{
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          zap.NewStdLog(p.log.Named("http")),
-	}
+		Logger:            p.log.Named("http"),
+	})
 	p.servers[role] = rs
 	go func() {
 		defer close(rs.done)
-		if err := rs.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := rs.srv.Serve(ln); err != nil && !errors.Is(err, errServerClosed) {
 			p.log.Error("role listener stopped", zap.String("role", role), zap.Error(err))
 		}
 	}()

@@ -1,0 +1,558 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// h1Server is the HTTP/1.1 server of the loopback role ports. It replaces
+// net/http's server there, where its per-request cost (a background-read
+// goroutine, request parsing into fresh maps and strings, the response's
+// layered buffers) was most of what the proxy itself spent.
+//
+// What it does: keep-alive and HTTP/1.0; request bodies with Content-Length
+// or chunked; Expect: 100-continue; a bound on the request head (431), a
+// read-header timeout and an idle timeout; 400 and a closed connection for
+// malformed requests; requests served one after another on a connection
+// (pipelined requests wait their turn). Responses carry Content-Length when
+// the handler set it or finished within a small buffer, are chunked
+// otherwise, and are flushed through http.Flusher / http.ResponseController.
+// panic(http.ErrAbortHandler) cuts the connection without ending the
+// response; any other panic is logged and answered with a 500 when nothing
+// was sent yet.
+//
+// Client disconnects cancel the request context. A connection is only
+// watched (a read in the background) once a request has been in flight for
+// watchDelay: instant answers never pay for the watcher.
+//
+// Per connection it reuses the reader, the writer, the http.Request, the
+// header maps and the response writer, so handlers must not keep any of
+// them after ServeHTTP returns (the proxy's handlers do not), nor read the
+// body and write the response from different goroutines at once.
+//
+// Serve, Shutdown and Close are safe for concurrent use; Shutdown and Close
+// are idempotent.
+type h1Server struct {
+	h   http.Handler
+	cfg h1Config
+	log *zap.Logger
+
+	stopping atomic.Bool   // Shutdown or Close began
+	quit     chan struct{} // closed when stopping begins
+
+	mu        sync.Mutex
+	ln        net.Listener
+	conns     map[*h1Conn]struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup // connection goroutines
+}
+
+// h1Config tunes an h1Server. Zero values mean the defaults.
+type h1Config struct {
+	// ReadHeaderTimeout bounds reading a request head once its first byte
+	// arrived. Default 10s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout bounds the wait for the next request on a kept-alive
+	// connection. Default 120s.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's line and headers; more is answered
+	// 431. Default 64 KiB.
+	MaxHeaderBytes int
+	// WatchDelay is how long a request runs before its connection is
+	// watched for a client disconnect. Default 1ms; negative watches at
+	// once.
+	WatchDelay time.Duration
+	// Logger; nil is a no-op logger.
+	Logger *zap.Logger
+}
+
+func (c *h1Config) fill() {
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.WatchDelay == 0 {
+		c.WatchDelay = 20 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+func newH1Server(h http.Handler, cfg h1Config) *h1Server {
+	cfg.fill()
+	return &h1Server{h: h, cfg: cfg, log: cfg.Logger, quit: make(chan struct{}), conns: map[*h1Conn]struct{}{}}
+}
+
+// errServerClosed is returned by Serve once Shutdown or Close began.
+var errServerClosed = http.ErrServerClosed
+
+// Serve accepts connections on ln until Shutdown or Close, and serves each
+// on its own goroutine. It always returns a non-nil error:
+// errServerClosed after Shutdown or Close.
+func (s *h1Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.stopping.Load() {
+		s.mu.Unlock()
+		ln.Close()
+		return errServerClosed
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.stopping.Load() {
+				return errServerClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of descriptors and the like: wait and try again, as
+			// net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("in", backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.quit:
+				t.Stop()
+				return errServerClosed
+			}
+			continue
+		}
+		backoff = 0
+		c := newH1Conn(s, nc)
+		s.mu.Lock()
+		if s.stopping.Load() {
+			s.mu.Unlock()
+			nc.Close()
+			return errServerClosed
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go c.serve()
+	}
+}
+
+// beginStop stops accepting.
+func (s *h1Server) beginStop() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.stopping.Store(true)
+		close(s.quit)
+		ln := s.ln
+		s.mu.Unlock()
+		if ln != nil {
+			ln.Close()
+		}
+	})
+}
+
+// Shutdown stops accepting, closes idle connections, and waits for the
+// requests in flight (streams included) to finish; when ctx ends first it
+// closes what is left and returns ctx's error. Connections finishing a
+// request close instead of waiting for another.
+func (s *h1Server) Shutdown(ctx context.Context) error {
+	s.beginStop()
+	wait := time.Millisecond
+	for {
+		if s.closeIdle() == 0 {
+			s.wg.Wait()
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			s.Close()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// closeIdle closes the connections waiting for a request and returns how
+// many are still serving one.
+func (s *h1Server) closeIdle() int {
+	var idle []*h1Conn
+	busy := 0
+	s.mu.Lock()
+	for c := range s.conns {
+		switch {
+		case c.state.CompareAndSwap(connIdle, connClosed):
+			idle = append(idle, c)
+		case c.state.Load() == connActive:
+			busy++
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+	return busy
+}
+
+// Close stops accepting and closes every connection at once, cancelling
+// the requests in flight, then waits for their goroutines to return.
+func (s *h1Server) Close() error {
+	s.beginStop()
+	s.mu.Lock()
+	all := make([]*h1Conn, 0, len(s.conns))
+	for c := range s.conns {
+		c.state.Store(connClosed)
+		all = append(all, c)
+	}
+	s.mu.Unlock()
+	for _, c := range all {
+		c.abort()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// Connection states.
+const (
+	connIdle   = iota // waiting for a request (closeable by Shutdown)
+	connActive        // reading or serving a request
+	connClosed        // closed by Shutdown or Close
+)
+
+const (
+	connReadBufSize  = 4 << 10
+	connWriteBufSize = 4 << 10
+	// pendingSize buffers a response of unknown length: one that ends
+	// within it gets a Content-Length, a longer one is sent in chunks of
+	// about this size (flushes send what is there).
+	pendingSize = 2 << 10
+	// maxDrainBody is how much of a request body the handler left unread
+	// is read and discarded to keep the connection.
+	maxDrainBody = 256 << 10
+	// lingerTimeout bounds the wait for a client to stop sending after a
+	// connection is closed with its request unread, so the client reads
+	// the answer instead of a reset.
+	lingerTimeout = 500 * time.Millisecond
+)
+
+// h1Conn is one client connection. Its fields are owned by its serve
+// goroutine, except those under wmu and the atomics.
+type h1Conn struct {
+	s          *h1Server
+	nc         net.Conn
+	br         *bufio.Reader
+	bw         *bufio.Writer
+	state      atomic.Int32
+	remoteAddr string
+
+	// Per request, reused.
+	req     http.Request
+	url     url.URL
+	hdr     http.Header
+	vals    []string // backing store of single header values
+	head    []byte   // a request head that did not fit the read buffer
+	body    h1Body
+	resp    h1Response
+	scratch []byte // response heads and chunk sizes
+
+	// Disconnect watching, under wmu.
+	wmu         sync.Mutex
+	cancel      context.CancelFunc // the current request's; nil between requests
+	bodyDone    bool               // the request body was read to its end
+	watchWanted bool               // watchDelay passed before bodyDone
+	watchDone   chan struct{}      // non-nil while a watcher runs
+	gone        bool               // the watcher saw the client go away
+	stopWatch   atomic.Bool
+	timer       *time.Timer
+}
+
+func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
+	c := &h1Conn{
+		s:          s,
+		nc:         nc,
+		br:         bufio.NewReaderSize(nc, connReadBufSize),
+		bw:         bufio.NewWriterSize(nc, connWriteBufSize),
+		remoteAddr: nc.RemoteAddr().String(),
+		hdr:        make(http.Header, 16),
+		vals:       make([]string, 0, 16),
+	}
+	c.body.c = c
+	c.resp.c = c
+	c.resp.hdr = make(http.Header, 8)
+	if s.cfg.WatchDelay > 0 {
+		c.timer = time.AfterFunc(time.Hour, c.watchSoon)
+		c.timer.Stop()
+	}
+	return c
+}
+
+// abort closes the connection and cancels its request (Close).
+func (c *h1Conn) abort() {
+	c.nc.Close()
+	c.wmu.Lock()
+	cancel := c.cancel
+	c.wmu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+func (c *h1Conn) serve() {
+	s := c.s
+	defer func() {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		c.nc.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	for {
+		if c.br.Buffered() == 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+			if _, err := c.br.Peek(1); err != nil {
+				return
+			}
+		}
+		if !c.state.CompareAndSwap(connIdle, connActive) {
+			return // Shutdown closed it while idle
+		}
+		_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
+		if !c.serveRequest() {
+			return
+		}
+		c.state.Store(connIdle)
+		if s.stopping.Load() {
+			return
+		}
+	}
+}
+
+// serveRequest reads one request and answers it. It reports whether the
+// connection may carry another.
+func (c *h1Conn) serveRequest() bool {
+	r, herr := c.readRequest()
+	if herr != nil {
+		if herr.status != 0 {
+			c.writeError(herr)
+			c.lingerClose()
+		}
+		return false
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	// WithContext inlines here, so its copy stays off the heap.
+	c.req = *r.WithContext(ctx)
+	r = &c.req
+
+	c.wmu.Lock()
+	c.cancel = cancel
+	c.bodyDone = c.body.mode == bodyNone
+	c.watchWanted = false
+	c.gone = false
+	c.wmu.Unlock()
+	c.stopWatch.Store(false)
+	switch d := c.s.cfg.WatchDelay; {
+	case d < 0:
+		c.watchSoon()
+	default:
+		c.timer.Reset(d)
+	}
+
+	w := &c.resp
+	w.reset(r)
+	panicked := c.runHandler(w, r)
+	gone := c.endWatch()
+	cancel()
+	if panicked || gone {
+		return false
+	}
+	if err := w.finish(); err != nil {
+		return false
+	}
+	keep := !w.closeAfter
+	if !c.body.done() {
+		if c.body.expectContinue && !c.body.continueSent {
+			// The client is waiting to send a body nobody wants.
+			c.lingerClose()
+			return false
+		}
+		if !c.body.drain() {
+			c.lingerClose()
+			return false
+		}
+	}
+	return keep
+}
+
+// runHandler calls the handler and turns its panics into the right end of
+// the connection. It reports whether the handler panicked.
+func (c *h1Conn) runHandler(w *h1Response, r *http.Request) (panicked bool) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		panicked = true
+		if v != http.ErrAbortHandler { //nolint:errorlint // the sentinel is panicked as is
+			c.s.log.Error("panic serving a request", zap.String("remote", c.remoteAddr),
+				zap.String("path", r.URL.Path), zap.Any("panic", v), zap.Stack("stack"))
+			if !w.committed {
+				c.bw.Reset(c.nc) // nothing of this response was queued
+				c.writeError(&httpError{status: http.StatusInternalServerError, msg: "internal error"})
+				return
+			}
+		}
+		// Complete chunks already queued go out; the response itself is
+		// never ended, so the client sees it cut short.
+		_ = c.bw.Flush()
+	}()
+	c.s.h.ServeHTTP(w, r)
+	return false
+}
+
+// lingerClose closes the connection after telling the client no more is
+// coming, reading what it still sends for a while: closing with unread
+// bytes would reset the connection and could destroy the answer before
+// the client reads it.
+func (c *h1Conn) lingerClose() {
+	_ = c.bw.Flush()
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		_ = c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+		_, _ = io.CopyN(io.Discard, c.nc, 4<<20)
+	}
+	c.nc.Close()
+}
+
+// watchSoon runs when a request has been in flight for watchDelay: it
+// starts the disconnect watcher once the request body has been read.
+func (c *h1Conn) watchSoon() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.cancel == nil || c.watchDone != nil {
+		return
+	}
+	if !c.bodyDone {
+		c.watchWanted = true
+		return
+	}
+	c.startWatchLocked()
+}
+
+// bodyFinished is called by the body reader at the end of the body; it is
+// the last thing the body reader does with the connection's reader.
+func (c *h1Conn) bodyFinished() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.bodyDone = true
+	if c.watchWanted && c.watchDone == nil && c.cancel != nil {
+		c.startWatchLocked()
+	}
+}
+
+func (c *h1Conn) startWatchLocked() {
+	done := make(chan struct{})
+	c.watchDone = done
+	go c.watch(c.cancel, done)
+}
+
+// watch waits for the client to send more or go away. Nothing else reads
+// the connection while it runs: the body was read, and endWatch stops it
+// before the next request is read. Bytes it reads stay in c.br for that
+// request.
+func (c *h1Conn) watch(cancel context.CancelFunc, done chan struct{}) {
+	defer close(done)
+	if _, err := c.br.Peek(1); err == nil || c.stopWatch.Load() {
+		return // pipelined bytes (the client is there), or stopped
+	}
+	c.wmu.Lock()
+	c.gone = true
+	c.wmu.Unlock()
+	cancel()
+}
+
+// endWatch stops watching at the end of a request and reports whether the
+// client went away. Once it returns no watcher runs, and none starts
+// before the next request (a late timer sees no request in flight).
+func (c *h1Conn) endWatch() (gone bool) {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.wmu.Lock()
+	done := c.watchDone
+	c.watchWanted = false
+	c.cancel = nil // the request is over for watchSoon and bodyFinished
+	c.wmu.Unlock()
+	if done != nil {
+		c.stopWatch.Store(true)
+		_ = c.nc.SetReadDeadline(aLongTimeAgo)
+		<-done
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	c.wmu.Lock()
+	c.watchDone = nil
+	gone = c.gone
+	c.wmu.Unlock()
+	return gone
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// httpError is a request the server answers itself.
+type httpError struct {
+	status int // 0: close without an answer
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// writeError answers a request the handler never saw, closing after.
+func (c *h1Conn) writeError(e *httpError) {
+	code := "bad_request"
+	typ := typeInvalidRequest
+	switch e.status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		code = "headers_too_large"
+	case http.StatusNotImplemented:
+		code = "not_implemented"
+	case http.StatusHTTPVersionNotSupported:
+		code = "http_version_not_supported"
+	case http.StatusExpectationFailed:
+		code = "expectation_failed"
+	case http.StatusInternalServerError:
+		code, typ = "internal_error", typeServer
+	}
+	body := (&APIError{Status: e.status, Type: typ, Code: code, Message: e.msg}).appendJSON(make([]byte, 0, 160))
+	b := c.scratch[:0]
+	b = append(b, statusLine(e.status)...)
+	b = append(b, "Content-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\nDate: "...)
+	b = appendDate(b)
+	b = append(b, "\r\nContent-Length: "...)
+	b = appendInt(b, int64(len(body)))
+	b = append(b, "\r\n\r\n"...)
+	b = append(b, body...)
+	c.scratch = b[:0]
+	_, _ = c.bw.Write(b)
+	_ = c.bw.Flush()
+}
