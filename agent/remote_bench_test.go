@@ -134,6 +134,12 @@ func (d *benchDir) PeerAddr(n string) (string, bool) {
 	return a, ok
 }
 
+// TrustsKey: the fake directory trusts exactly the keys it lists.
+func (d *benchDir) TrustsKey(n string, key ed25519.PublicKey) bool {
+	k, ok := d.PeerKey(n)
+	return ok && k.Equal(key)
+}
+
 func (d *benchDir) PeerKey(n string) (ed25519.PublicKey, bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()

@@ -85,7 +85,10 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	m.advMu.Lock()
 	defer m.advMu.Unlock()
 	m.mu.Lock()
-	_, had := m.peers[n.Name]
+	p, had := m.peers[n.Name]
+	if had {
+		m.departed[n.Name] = p
+	}
 	delete(m.peers, n.Name)
 	delete(m.removed, n.Name)
 	m.members.Store(int64(len(m.peers) + 1))
@@ -130,6 +133,7 @@ func (m *Mesh) upsertPeer(n *memberlist.Node) {
 	certOK := m.trust.certOK(meta.cert)
 	_, had := m.peers[n.Name]
 	m.peers[n.Name] = &peer{name: n.Name, addr: n.Address(), meta: meta, certOK: certOK}
+	delete(m.departed, n.Name)
 	m.members.Store(int64(len(m.peers) + 1))
 	m.mu.Unlock()
 	if !had {

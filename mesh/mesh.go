@@ -59,10 +59,15 @@ type Mesh struct {
 	adverts map[advertKey]*advertRecord
 
 	// mu guards trust and the peer table.
-	mu      sync.RWMutex
-	trust   *trustState
-	peers   map[string]*peer
-	removed map[string]bool // peers whose adverts we dropped because they are no longer admitted
+	mu    sync.RWMutex
+	trust *trustState
+	peers map[string]*peer
+	// departed holds the last record of peers that left or were declared
+	// dead, so connections verified before can be re-checked against trust
+	// (revocation, key change) without equating "not a live member" with
+	// "no longer trusted". Bounded by the nodes ever seen.
+	departed map[string]*peer
+	removed  map[string]bool // peers whose adverts we dropped because they are no longer admitted
 
 	metaCache metaCache
 	refusals  refusals
@@ -103,15 +108,16 @@ func New(cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("node key: %w", err)
 	}
 	m := &Mesh{
-		cfg:     cfg,
-		log:     cfg.Logger.With(zap.String("node", cfg.NodeName)),
-		name:    cfg.NodeName,
-		priv:    priv,
-		pub:     priv.Public().(ed25519.PublicKey),
-		sink:    cfg.Sink,
-		adverts: map[advertKey]*advertRecord{},
-		peers:   map[string]*peer{},
-		removed: map[string]bool{},
+		cfg:      cfg,
+		log:      cfg.Logger.With(zap.String("node", cfg.NodeName)),
+		name:     cfg.NodeName,
+		priv:     priv,
+		pub:      priv.Public().(ed25519.PublicKey),
+		sink:     cfg.Sink,
+		adverts:  map[advertKey]*advertRecord{},
+		peers:    map[string]*peer{},
+		departed: map[string]*peer{},
+		removed:  map[string]bool{},
 	}
 	if created {
 		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", EncodeKey(m.pub)))
@@ -384,6 +390,33 @@ func (m *Mesh) PeerKey(node string) (ed25519.PublicKey, bool) {
 	return p.meta.key, true
 }
 
+// TrustsKey reports whether node, identified by key, is vouched for right
+// now: not revoked, key unchanged, admitted by static trust or an unexpired
+// certificate. Unlike PeerKey it does not require node to be a live gossip
+// member: a peer that memberlist declared dead (perhaps falsely, under load)
+// but whose QUIC connection is alive keeps it; liveness is the transport's
+// keep-alive's business. Never blocks.
+func (m *Mesh) TrustsKey(node string, key ed25519.PublicKey) bool {
+	m.mu.RLock()
+	p, t := m.peers[node], m.trust
+	if p == nil {
+		p = m.departed[node]
+	}
+	var (
+		meta   *nodeMeta
+		certOK bool
+	)
+	if p != nil {
+		meta, certOK = p.meta, p.certOK
+	}
+	m.mu.RUnlock()
+	if meta == nil || !meta.key.Equal(key) {
+		return false
+	}
+	s, _ := t.admit(node, meta.key, meta.cert, certOK, m.cfg.Now())
+	return s != 0
+}
+
 // SetTrust replaces the trust configuration (on reload). Run-time
 // revocations (Revoke) stay. Peers no longer admitted are removed from
 // placement at once.
@@ -396,6 +429,9 @@ func (m *Mesh) SetTrust(c TrustConfig) error {
 	}
 	m.trust = t
 	for _, p := range m.peers {
+		p.certOK = t.certOK(p.meta.cert)
+	}
+	for _, p := range m.departed {
 		p.certOK = t.certOK(p.meta.cert)
 	}
 	m.mu.Unlock()

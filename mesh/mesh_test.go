@@ -354,6 +354,41 @@ func TestLeaveAndDeathForgetAtOnce(t *testing.T) {
 	}
 }
 
+// TestTrustOutlivesMembership: a peer declared dead is no longer a live
+// member (nothing routes new requests to it), but it is still trusted, so a
+// working QUIC connection to it is not cut by a false suspicion; revocation
+// and a changed key end that trust.
+func TestTrustOutlivesMembership(t *testing.T) {
+	c := newTestCluster(t)
+	nodes := cluster(t, c, "a", "b")
+	a, b := nodes[0], nodes[1]
+	key := b.m.PublicKey()
+	if !a.m.TrustsKey("b", key) {
+		t.Fatal("a does not trust live b")
+	}
+	other, _, _ := ed25519.GenerateKey(nil)
+	if a.m.TrustsKey("b", other) {
+		t.Error("a trusts b under another key")
+	}
+	b.m.Close() // dies without a word
+	eventually(t, 5*time.Second, "a declares b dead", func() bool { return !a.m.IsAdmitted("b") })
+	if _, ok := a.m.PeerKey("b"); ok {
+		t.Error("PeerKey answers for a dead member (new connections would dial it)")
+	}
+	if !a.m.TrustsKey("b", key) {
+		t.Error("a stopped trusting b's key because b left membership")
+	}
+	if err := a.m.Revoke("b"); err != nil {
+		t.Fatal(err)
+	}
+	if a.m.TrustsKey("b", key) {
+		t.Error("a still trusts revoked b")
+	}
+	if a.m.TrustsKey("nobody", key) {
+		t.Error("a trusts a node it never saw")
+	}
+}
+
 func TestDuplicateNameAndKeyAreRefused(t *testing.T) {
 	c := newTestCluster(t)
 	nodes := cluster(t, c, "a", "b")

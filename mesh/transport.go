@@ -37,6 +37,10 @@ type PeerDirectory interface {
 	PeerKey(node string) (ed25519.PublicKey, bool)
 	// IsAdmitted reports whether node is admitted right now.
 	IsAdmitted(node string) bool
+	// TrustsKey reports whether node with key is still vouched for (not
+	// revoked, key unchanged), whether or not it is a live member now. It
+	// decides whether an established connection stays open.
+	TrustsKey(node string, key ed25519.PublicKey) bool
 }
 
 var _ PeerDirectory = (*Mesh)(nil)
@@ -587,10 +591,11 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 	t.cfg.Handler.ServeHTTP(w, r)
 }
 
-// stillValid reports whether node is admitted now with key.
+// stillValid reports whether node is still trusted with key. Gossip
+// liveness is not asked: a falsely suspected peer's working connection and
+// its streams survive; a revoked or re-keyed one is cut.
 func (t *Transport) stillValid(node string, key ed25519.PublicKey) bool {
-	k, ok := t.dir.PeerKey(node)
-	return ok && k.Equal(key)
+	return t.dir.TrustsKey(node, key)
 }
 
 // writePeerError writes an OpenAI-shaped error.
@@ -635,7 +640,9 @@ func (t *Transport) recheck() {
 		case !t.stillValid(e.node, e.key):
 			why = "peer no longer admitted"
 		case e.dialed:
-			if a, ok := t.dir.PeerAddr(e.node); !ok || a != e.addr {
+			// A live member that now advertises another address moved; one
+			// that is not a member right now keeps its working connection.
+			if a, ok := t.dir.PeerAddr(e.node); ok && a != e.addr {
 				why = "peer address changed"
 			}
 		}
