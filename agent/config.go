@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -76,6 +77,10 @@ type MeshConfig struct {
 	// AdvertTTL is how long a peer's advert counts without a newer one.
 	// Default 60s.
 	AdvertTTL time.Duration `yaml:"advert_ttl"`
+	// MaxStreamsPerPeer bounds the requests one peer may have in flight to
+	// this node at once (QUIC streams on its connection); more wait for a
+	// free stream. Default 4096.
+	MaxStreamsPerPeer int64 `yaml:"max_streams_per_peer"`
 }
 
 // Enabled reports whether the mesh is configured.
@@ -392,6 +397,12 @@ func (m *MeshConfig) validate() error {
 	}
 	if m.AdvertTTL == 0 {
 		m.AdvertTTL = placement.DefaultAdvertTTL
+	}
+	if m.MaxStreamsPerPeer < 0 {
+		return fieldErr("mesh.max_streams_per_peer", "%d is negative", m.MaxStreamsPerPeer)
+	}
+	if m.MaxStreamsPerPeer == 0 {
+		m.MaxStreamsPerPeer = mesh.DefaultMaxStreamsPerPeer
 	}
 	for name, v := range map[string]string{"mesh.bind": m.Bind, "mesh.advertise": m.Advertise, "mesh.quic": m.QUIC, "mesh.quic_advertise": m.QUICAdvertise} {
 		if v == "" {

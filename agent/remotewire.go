@@ -60,6 +60,7 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	cfg.Peers = m
 	cfg.Handler = a.proxy.PeerHandler(mesh.PeerFromRequest, a.peerRefused)
 	cfg.Logger = a.log.Named("quic")
+	cfg.MaxStreamsPerPeer = a.cfg.Mesh.MaxStreamsPerPeer
 	if a.cfg.Proxy.ConnectTimeout > 0 {
 		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
 	}

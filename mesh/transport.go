@@ -51,7 +51,7 @@ const (
 	DefaultKeepAlivePeriod   = 2 * time.Second
 	DefaultMaxIdleTimeout    = 6 * time.Second
 	DefaultRecheckInterval   = time.Second
-	DefaultMaxStreamsPerPeer = 1024
+	DefaultMaxStreamsPerPeer = 4096
 )
 
 // AuditQUICRefused is the kind of a refused transport peer in OnRefused
