@@ -31,13 +31,21 @@ func forwardedPath(p string) bool {
 // RoleHandler returns the handler of role's loopback port.
 func (p *Proxy) RoleHandler(role string) http.Handler {
 	roleLit := quoteModel(role)
+	// fail answers a request no candidate saw, and counts it (target
+	// "none") so refusals show in the request metrics too.
+	fail := func(w http.ResponseWriter, e *APIError) {
+		WriteError(w, e)
+		if obs := p.cfg.Observer; obs != nil {
+			obs.Done(role, "", e.Status, 0, 0, false)
+		}
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !loopbackHost(r.Host) {
-			WriteError(w, errForbidden("the Host header must name a loopback address"))
+			fail(w, errForbidden("the Host header must name a loopback address"))
 			return
 		}
 		if !checkBrowserOrigin(r.Header.Get("Origin")) {
-			WriteError(w, errForbidden("cross-origin requests are refused"))
+			fail(w, errForbidden("cross-origin requests are refused"))
 			return
 		}
 		switch {
@@ -45,23 +53,23 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			p.serveModels(w, r, role)
 			return
 		case !forwardedPath(r.URL.Path):
-			WriteError(w, errNotFound(r.URL.Path))
+			fail(w, errNotFound(r.URL.Path))
 			return
 		case r.Method != http.MethodPost:
 			w.Header().Set("Allow", http.MethodPost)
-			WriteError(w, errMethod(r.Method))
+			fail(w, errMethod(r.Method))
 			return
 		}
 		buf, apiErr := p.readBody(r)
 		if apiErr != nil {
-			WriteError(w, apiErr)
+			fail(w, apiErr)
 			return
 		}
 		body := buf.b
 		ms, me, found, err := modelSpan(body)
 		if err != nil {
 			buf.release()
-			WriteError(w, errBadJSON("request body: "+err.Error()))
+			fail(w, errBadJSON("request body: "+err.Error()))
 			return
 		}
 		// The literal the client asked for, echoed back in responses. It
@@ -73,12 +81,12 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 		cands := p.cfg.Resolver.Resolve(role)
 		if found && &asked[0] != &roleLit[0] && !modelKnown(asked, cands) {
 			buf.release()
-			WriteError(w, errModelNotFound(decodeModel(asked), role))
+			fail(w, errModelNotFound(decodeModel(asked), role))
 			return
 		}
 		if len(cands) == 0 {
 			buf.release()
-			WriteError(w, errNoInstance(role))
+			fail(w, errNoInstance(role))
 			return
 		}
 		p.forward(w, r, role, buf, asked, cands)

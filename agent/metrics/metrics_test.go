@@ -112,8 +112,8 @@ func TestProxyObserved(t *testing.T) {
 	if code, _ := post(t, "http://"+dead.String()+"/v1/chat/completions", `{"model":"dead"}`); code != 502 {
 		t.Fatalf("dead upstream = %d, want 502", code)
 	}
-	// The proxy answers 503 without calling the Observer when nothing
-	// serves the role (proxy/handler.go); nothing to check here for it.
+	// Nothing serves the role: answered without an attempt, counted with
+	// target "none".
 	if code, _ := post(t, "http://"+empty.String()+"/v1/chat/completions", `{"model":"empty"}`); code != 503 {
 		t.Fatalf("no instance = %d, want 503", code)
 	}
@@ -125,6 +125,7 @@ func TestProxyObserved(t *testing.T) {
 	}{
 		{"requests chat/local/200", testutil.ToFloat64(m.requests.WithLabelValues("chat", "local", "200")), 2},
 		{"requests dead/local/502", testutil.ToFloat64(m.requests.WithLabelValues("dead", "local", "502")), 1},
+		{"requests empty/none/503", testutil.ToFloat64(m.requests.WithLabelValues("empty", "none", "503")), 1},
 		{"attempts chat ok", testutil.ToFloat64(m.attempts.WithLabelValues("chat", "local", "ok")), 2},
 		{"attempts dead error", testutil.ToFloat64(m.attempts.WithLabelValues("dead", "local", "error")), 1},
 		{"failovers dead", testutil.ToFloat64(m.failovers.WithLabelValues("dead", "local")), 1},
