@@ -60,26 +60,13 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, errMethod(r.Method))
 			return
 		}
-		buf, apiErr := p.readBody(r)
+		buf, asked, apiErr := p.readModelRequest(r, roleLit)
 		if apiErr != nil {
 			fail(w, apiErr)
 			return
 		}
-		body := buf.b
-		ms, me, found, err := modelSpan(body)
-		if err != nil {
-			buf.release()
-			fail(w, errBadJSON("request body: "+err.Error()))
-			return
-		}
-		// The literal the client asked for, echoed back in responses. It
-		// must outlive the body, which forward releases early.
-		asked := roleLit
-		if found && string(body[ms:me]) != string(roleLit) {
-			asked = bytes.Clone(body[ms:me])
-		}
 		cands := p.cfg.Resolver.Resolve(role)
-		if found && &asked[0] != &roleLit[0] && !modelKnown(asked, cands) {
+		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
 			buf.release()
 			fail(w, errModelNotFound(decodeModel(asked), role))
 			return
@@ -91,6 +78,26 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 		}
 		p.forward(w, r, role, buf, asked, cands)
 	})
+}
+
+// readModelRequest reads the request body and the model the client asked
+// for: a JSON string literal, echoed back in responses, that outlives the
+// body (forward releases it early); dflt when the body names no model or
+// names dflt itself.
+func (p *Proxy) readModelRequest(r *http.Request, dflt []byte) (*bodyBuf, []byte, *APIError) {
+	buf, apiErr := p.readBody(r)
+	if apiErr != nil {
+		return nil, nil, apiErr
+	}
+	ms, me, found, err := modelSpan(buf.b)
+	if err != nil {
+		buf.release()
+		return nil, nil, errBadJSON("request body: " + err.Error())
+	}
+	if !found || bytes.Equal(buf.b[ms:me], dflt) {
+		return buf, dflt, nil
+	}
+	return buf, bytes.Clone(buf.b[ms:me]), nil
 }
 
 // modelKnown reports whether lit names the model of one of the candidates.
@@ -146,21 +153,10 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, errRoleNotFound(role))
 			return
 		}
-		buf, apiErr := p.readBody(r)
+		buf, asked, apiErr := p.readModelRequest(r, quoteModel(role))
 		if apiErr != nil {
 			WriteError(w, apiErr)
 			return
-		}
-		body := buf.b
-		ms, me, found, err := modelSpan(body)
-		if err != nil {
-			buf.release()
-			WriteError(w, errBadJSON("request body: "+err.Error()))
-			return
-		}
-		asked := quoteModel(role)
-		if found {
-			asked = bytes.Clone(body[ms:me]) // outlives the body
 		}
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, buf, asked, cand)
