@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -121,37 +120,9 @@ type bareH3 struct {
 	body   []byte
 }
 
-type benchDir struct {
-	mu   sync.RWMutex
-	addr map[string]string
-	key  map[string]ed25519.PublicKey
-}
-
-func (d *benchDir) PeerAddr(n string) (string, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	a, ok := d.addr[n]
-	return a, ok
-}
-
-// TrustsKey: the fake directory trusts exactly the keys it lists.
-func (d *benchDir) TrustsKey(n string, key ed25519.PublicKey) bool {
-	k, ok := d.PeerKey(n)
-	return ok && k.Equal(key)
-}
-
-func (d *benchDir) PeerKey(n string) (ed25519.PublicKey, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	k, ok := d.key[n]
-	return k, ok
-}
-
-func (d *benchDir) IsAdmitted(n string) bool { _, ok := d.PeerKey(n); return ok }
-
 func newBareH3(tb testing.TB) *bareH3 {
 	tb.Helper()
-	dir := &benchDir{addr: map[string]string{}, key: map[string]ed25519.PublicKey{}}
+	dir := mesh.NewStaticDirectory()
 	answer := []byte(`{"id":"x","object":"chat.completion","model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"a b c d"},"finish_reason":"length"}]}`)
 	start := func(name string, h http.Handler) *mesh.Transport {
 		pub, key, err := ed25519.GenerateKey(rand.Reader)
@@ -162,9 +133,7 @@ func newBareH3(tb testing.TB) *bareH3 {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		dir.mu.Lock()
-		dir.addr[name], dir.key[name] = tr.Addr().String(), pub
-		dir.mu.Unlock()
+		dir.Set(name, tr.Addr().String(), pub)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = tr.Serve(ctx) }()

@@ -27,40 +27,9 @@ type bareH3 struct {
 	req            []byte
 }
 
-// h3Dir is a static PeerDirectory of the two transports.
-type h3Dir struct {
-	mu   sync.RWMutex
-	addr map[string]string
-	key  map[string]ed25519.PublicKey
-}
-
-var _ mesh.PeerDirectory = (*h3Dir)(nil)
-
-func (d *h3Dir) PeerAddr(n string) (string, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	a, ok := d.addr[n]
-	return a, ok
-}
-
-// TrustsKey: the fake directory trusts exactly the keys it lists.
-func (d *h3Dir) TrustsKey(n string, key ed25519.PublicKey) bool {
-	k, ok := d.PeerKey(n)
-	return ok && k.Equal(key)
-}
-
-func (d *h3Dir) PeerKey(n string) (ed25519.PublicKey, bool) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	k, ok := d.key[n]
-	return k, ok
-}
-
-func (d *h3Dir) IsAdmitted(n string) bool { _, ok := d.PeerKey(n); return ok }
-
 // newBareH3 starts both transports on 127.0.0.1; Close stops them.
 func newBareH3() (*bareH3, error) {
-	dir := &h3Dir{addr: map[string]string{}, key: map[string]ed25519.PublicKey{}}
+	dir := mesh.NewStaticDirectory()
 	answer := []byte(`{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how are you?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8,"completion_tokens":6,"total_tokens":14}}`)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &bareH3{cancel: cancel, req: smallBody("chat")}
@@ -73,9 +42,7 @@ func newBareH3() (*bareH3, error) {
 		if err != nil {
 			return nil, err
 		}
-		dir.mu.Lock()
-		dir.addr[name], dir.key[name] = tr.Addr().String(), pub
-		dir.mu.Unlock()
+		dir.Set(name, tr.Addr().String(), pub)
 		h.wg.Go(func() { _ = tr.Serve(ctx) })
 		return tr, nil
 	}
