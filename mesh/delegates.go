@@ -6,6 +6,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/placement"
 )
 
 // The memberlist delegates are distinct types over the same Mesh so that
@@ -100,21 +102,24 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	if m.sink != nil {
 		m.sink.RemoveNode(n.Name)
 	}
-	m.log.Info("peer gone", zap.String("peer", n.Name), zap.String("state", stateName(n.State)))
+	// memberlist hands over the node as it was before the change, so its
+	// State does not tell a leave from a death here.
+	m.log.Info("peer gone (left or declared dead)", zap.String("peer", n.Name))
+	m.auditMembership(AuditPeerGone, n.Name, nil)
 }
 
-func stateName(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return "alive"
-	case memberlist.StateSuspect:
-		return "suspect"
-	case memberlist.StateDead:
-		return "dead"
-	case memberlist.StateLeft:
-		return "left"
+// Audit kinds of membership changes.
+const (
+	AuditPeerJoined = "mesh.peer.joined"
+	AuditPeerGone   = "mesh.peer.gone"
+)
+
+// auditMembership records a join or a leave. The sink must not block (it
+// may be called with the advert lock held, like every sink call).
+func (m *Mesh) auditMembership(kind, peer string, fields map[string]string) {
+	if m.cfg.Audit != nil {
+		m.cfg.Audit.Audit(placement.AuditEvent{Kind: kind, Node: peer, Fields: fields})
 	}
-	return "unknown"
 }
 
 func (m *Mesh) upsertPeer(n *memberlist.Node) {
@@ -138,6 +143,7 @@ func (m *Mesh) upsertPeer(n *memberlist.Node) {
 	m.mu.Unlock()
 	if !had {
 		m.log.Info("peer joined", zap.String("peer", n.Name), zap.String("addr", n.Address()))
+		m.auditMembership(AuditPeerJoined, n.Name, map[string]string{"addr": n.Address()})
 	}
 }
 

@@ -81,6 +81,14 @@ func (r *recordingAudit) has(kind, why string) bool {
 	return slices.ContainsFunc(r.events, func(e placement.AuditEvent) bool { return e.Kind == kind && e.Fields["why"] == why })
 }
 
+// membership reports whether a membership event of kind for node was
+// audited.
+func (r *recordingAudit) membership(kind, node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.events, func(e placement.AuditEvent) bool { return e.Kind == kind && e.Node == node })
+}
+
 // config returns a fast test config for name: short gossip, probe and TTL
 // so that the tests finish quickly; addresses are distinct 127.0.0.x with
 // memberlist picking the port.

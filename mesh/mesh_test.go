@@ -346,12 +346,17 @@ func TestLeaveAndDeathForgetAtOnce(t *testing.T) {
 	}
 	b.m.Close()
 	eventually(t, 2*time.Second, "a forgets b after it left", func() bool { return !a.resolvesTo("chat", "b") })
+	if !a.audit.membership(AuditPeerJoined, "b") {
+		t.Error("b's join was not audited on a")
+	}
+	eventually(t, time.Second, "a audits b's leave", func() bool { return a.audit.membership(AuditPeerGone, "b") })
 
 	cn.m.Close() // dies without a word
 	eventually(t, 5*time.Second, "a forgets c once declared dead", func() bool { return !a.resolvesTo("chat", "c") })
 	if a.m.IsAdmitted("c") {
 		t.Error("a still admits dead c")
 	}
+	eventually(t, time.Second, "a audits c's death", func() bool { return a.audit.membership(AuditPeerGone, "c") })
 }
 
 // TestTrustOutlivesMembership: a peer declared dead is no longer a live
