@@ -26,7 +26,8 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 		t.Skip("uses the Docker engine; skipped in -short mode only")
 	}
 	root, _ := filepath.Abs("..")
-	if err := testimage.Build(root, testimage.Tag); err != nil {
+	const image = "infermesh-demo:agent-test" // provision's tests build testimage.Tag in parallel
+	if err := testimage.Build(root, image); err != nil {
 		t.Fatalf("building the test image: %v", err)
 	}
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
@@ -50,7 +51,7 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 		s := "node: {name: n1, state_dir: " + dir + "}\nsite: " + site + "\nadmin: {socket: " + dir + "/admin.sock}\nroles:\n"
 		s += "  other: {port: 1, upstream: 'http://127.0.0.1:9'}\n"
 		if withRole {
-			s += "  chat:\n    port: 2\n    model: demo\n    instance: {image: '" + testimage.Tag + "', port: 8080, restart: {max: 2, backoff: 100ms}}\n"
+			s += "  chat:\n    port: 2\n    model: demo\n    instance: {image: '" + image + "', port: 8080, restart: {max: 2, backoff: 100ms}}\n"
 		}
 		return s
 	}
@@ -92,6 +93,9 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(list) != 1 {
+			for _, c := range list {
+				t.Logf("container %s %v %s", c.ID, c.Names, c.State)
+			}
 			t.Fatalf("containers of site %s = %d, want exactly 1", site, len(list))
 		}
 		return list[0]
@@ -106,6 +110,9 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
 		})
 		if err != nil {
+			for _, e := range a.Audit().Recent() {
+				t.Logf("audit: %s %s %v", e.Kind, e.Role, e.Fields)
+			}
 			t.Fatalf("chat through the proxy: %v", err)
 		}
 		if resp.Model != "chat" || resp.Choices[0].Message.Content == "" {

@@ -58,17 +58,6 @@ type DockerAPI interface {
 
 var _ DockerAPI = (*client.Client)(nil)
 
-// NewDockerClient returns a client configured from the environment
-// (DOCKER_HOST, ...) that negotiates the API version with the daemon, so a
-// v28 client talks to a 20.10 (API 1.41) engine. The caller closes it.
-func NewDockerClient() (*client.Client, error) {
-	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		return nil, fmt.Errorf("docker client: %w", err)
-	}
-	return c, nil
-}
-
 // Errors callers act on.
 var (
 	// ErrDaemonUnreachable wraps failures to reach the Docker daemon. It is

@@ -88,7 +88,7 @@ func removeSite(t *testing.T, site string) {
 }
 
 // testClient returns a real Docker client closed when the test ends.
-func testClient(t *testing.T) *client.Client {
+func testClient(t *testing.T) *DockerClient {
 	t.Helper()
 	cli, err := NewDockerClient()
 	if err != nil {
@@ -99,7 +99,7 @@ func testClient(t *testing.T) *client.Client {
 }
 
 // removeByName force-removes a container the test created without labels.
-func removeByName(t *testing.T, cli *client.Client, name string) {
+func removeByName(t *testing.T, cli *DockerClient, name string) {
 	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -26,7 +26,7 @@ type mgrEnv struct {
 	site    string
 	dbPath  string
 	api     DockerAPI
-	cli     *client.Client
+	cli     *DockerClient
 	p       *DockerProvider
 	db      *bbolt.DB
 	intents *BoltIntents

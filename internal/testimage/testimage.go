@@ -26,7 +26,22 @@ const Tag = "infermesh-demo:test"
 // default command serves the demo model on 0.0.0.0:8080, model "demo") and
 // the rowrite helper (/rowrite: writes a file, exit 3 on failure). root is
 // the module root. Building is idempotent: the engine caches the layers.
+//
+// Packages test in parallel processes on one engine; each uses its own tag,
+// and a build that fails (say, racing another build of the same layers) is
+// tried again.
 func Build(root, tag string) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = buildOnce(root, tag); err == nil {
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return err
+}
+
+func buildOnce(root, tag string) error {
 	dir, err := os.MkdirTemp("", "provision-image-")
 	if err != nil {
 		return err
