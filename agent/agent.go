@@ -189,10 +189,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.Node.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Every goroutine Run starts is in wg and ends with runCtx: on any
+	// return, cancel runs first (defers run last-in first-out), then the
+	// wait, so a failure late in start-up stops what already started.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's

@@ -186,3 +186,42 @@ func runAgentNoRoles(t *testing.T, cfg *Config) *Agent {
 	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
 	return a
 }
+
+// TestRunFailsCleanlyAfterStarting: a failure late in start-up (here the
+// metrics port is taken) returns the error and stops what already started,
+// instead of waiting forever for it.
+func TestRunFailsCleanlyAfterStarting(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+node: {name: a, state_dir: %s}
+admin: {socket: %s/admin.sock, metrics: %q}
+proxy: {health_interval: 20ms}
+roles:
+  chat: {port: 1, upstream: "http://127.0.0.1:9"}
+`, dir, dir, taken.Addr().String())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Roles["chat"]
+	r.Port = 0
+	cfg.Roles["chat"] = r
+	a, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "admin.metrics") {
+			t.Errorf("Run = %v, want the admin.metrics error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after failing to bind admin.metrics")
+	}
+}
