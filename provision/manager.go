@@ -545,6 +545,40 @@ func (m *Manager) Instances() []InstanceStatus {
 	return out
 }
 
+// Errors of Retry.
+var (
+	// ErrNoInstance: the role has no managed instance (or it is being
+	// removed).
+	ErrNoInstance = errors.New("no managed instance for the role")
+	// ErrNotFailed: the instance is not in StateFailed; it is supervised.
+	ErrNotFailed = errors.New("instance has not failed")
+)
+
+// Retry tries a failed instance afresh: a new supervisor with a fresh
+// restart policy takes over its container (same attempt: the stopped
+// container is started again, not recreated). Only an instance that gave up
+// (StateFailed) can be retried; a supervised one already restarts within
+// its policy.
+func (m *Manager) Retry(role string) error {
+	m.mu.Lock()
+	in := m.instances[role]
+	_, desired := m.desired[role]
+	if in == nil || !desired || in.removing {
+		m.mu.Unlock()
+		return fmt.Errorf("role %q: %w", role, ErrNoInstance)
+	}
+	if st := in.status().State; st != StateFailed {
+		m.mu.Unlock()
+		return fmt.Errorf("role %q is %s: %w", role, st, ErrNotFailed)
+	}
+	delete(m.instances, role)
+	m.mu.Unlock()
+	in.stop()
+	m.log.Info("retrying failed instance", zap.String("role", role))
+	m.poke()
+	return nil
+}
+
 // Instance returns one role's status.
 func (m *Manager) Instance(role string) (InstanceStatus, bool) {
 	m.mu.Lock()

@@ -226,6 +226,27 @@ func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
 	if _, ok := e.table.LocalBaseForRole("chat"); ok {
 		t.Errorf("failed instance still registered in placement")
 	}
+
+	// The operator retries it: the same container is started again under a
+	// fresh restart policy, and serves.
+	if err := e.m.Retry("ghost"); !errors.Is(err, ErrNoInstance) {
+		t.Errorf("Retry(ghost) = %v, want ErrNoInstance", err)
+	}
+	if err := e.m.Retry("chat"); err != nil {
+		t.Fatalf("Retry(chat): %v", err)
+	}
+	st = e.waitReady("chat", nil)
+	if st.ContainerID != id || st.Restarts != 0 {
+		t.Errorf("after retry: container %s with %d restarts, want %s with a fresh policy", st.ContainerID, st.Restarts, id)
+	}
+	base, ok = e.table.LocalBaseForRole("chat")
+	if !ok {
+		t.Fatal("retried instance not registered in placement")
+	}
+	chat(t, base, "m-chat")
+	if err := e.m.Retry("chat"); !errors.Is(err, ErrNotFailed) {
+		t.Errorf("Retry of a serving instance = %v, want ErrNotFailed", err)
+	}
 }
 
 func logsText(lines []LogLine) string {
