@@ -51,6 +51,9 @@ type InstanceAPI interface {
 	Instances() []provision.InstanceStatus
 	Instance(role string) (provision.InstanceStatus, bool)
 	Logs(role string, n int) []provision.LogLine
+	// Retry starts a given-up instance again (provision.ErrNoInstance,
+	// provision.ErrNotFailed).
+	Retry(role string) error
 }
 
 var (
@@ -66,6 +69,7 @@ const (
 	AuditAdminKeyring = "admin.keyring"
 	AuditAdminReload  = "admin.reload"
 	AuditAdminRefused = "admin.refused"
+	AuditAdminRetry   = "admin.instance.retry"
 )
 
 // AdminOptions are the parts of the agent the admin backend reaches that
@@ -794,6 +798,27 @@ func (b *Backend) Instances(context.Context) ([]admin.Instance, error) {
 		})
 	}
 	return out, nil
+}
+
+// RetryInstance implements admin.Backend.
+func (b *Backend) RetryInstance(_ context.Context, by admin.Caller, role string) (admin.Instance, error) {
+	if b.inst == nil {
+		return admin.Instance{}, errNoProvisioning
+	}
+	switch err := b.inst.Retry(role); {
+	case errors.Is(err, provision.ErrNoInstance):
+		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	case errors.Is(err, provision.ErrNotFailed):
+		return admin.Instance{}, admin.Errorf(admin.ErrConflict, "%v: it restarts within its policy by itself", err)
+	case err != nil:
+		return admin.Instance{}, err
+	}
+	b.a.audit.Record(Event{Kind: AuditAdminRetry, Role: role, Fields: map[string]string{"by": by.String()}})
+	s, _ := b.inst.Instance(role)
+	return admin.Instance{
+		Role: role, State: string(s.State), Ref: s.Ref, ContainerID: s.ContainerID, Endpoint: s.Endpoint,
+		Image: s.Image, Restarts: s.Restarts, LastError: s.LastError, Since: s.Since.UTC(),
+	}, nil
 }
 
 // InstanceLogs implements admin.Backend.

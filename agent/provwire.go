@@ -130,6 +130,13 @@ func (l *lateInstances) Instance(role string) (provision.InstanceStatus, bool) {
 	return provision.InstanceStatus{}, false
 }
 
+func (l *lateInstances) Retry(role string) error {
+	if m := l.m.Load(); m != nil {
+		return m.Retry(role)
+	}
+	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
+}
+
 func (l *lateInstances) Logs(role string, n int) []provision.LogLine {
 	if m := l.m.Load(); m != nil {
 		return m.Logs(role, n)

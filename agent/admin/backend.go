@@ -52,6 +52,10 @@ type Backend interface {
 	// InstanceLogs returns up to n recent log lines of role's instance
 	// (n < 1: all kept).
 	InstanceLogs(ctx context.Context, role string, n int) ([]LogLine, error)
+	// RetryInstance starts role's given-up instance again under a fresh
+	// restart policy; ErrNotFound without one, ErrConflict when it has not
+	// failed.
+	RetryInstance(ctx context.Context, by Caller, role string) (Instance, error)
 }
 
 // Errors a Backend wraps so the client learns what happened; the client

@@ -206,6 +206,11 @@ func (c *Client) InstanceLogs(ctx context.Context, role string, n int) ([]LogLin
 	return get[[]LogLine](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/logs?n="+strconv.Itoa(n))
 }
 
+// RetryInstance is POST /v0/instances/{role}/retry.
+func (c *Client) RetryInstance(ctx context.Context, role string) (Instance, error) {
+	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/retry", struct{}{})
+}
+
 // Metrics is GET /metrics, in the Prometheus text format.
 func (c *Client) Metrics(ctx context.Context) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+Host+"/metrics", nil)

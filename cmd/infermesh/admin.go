@@ -343,7 +343,17 @@ func newInstancesCmd(a *app) *cobra.Command {
 		},
 	}
 	logs.Flags().IntVarP(&n, "lines", "n", 100, "how many lines (0: all kept)")
-	cmd.AddCommand(logs)
+	retry := &cobra.Command{
+		Use:   "retry ROLE",
+		Short: "Start a role's given-up instance again under a fresh restart policy",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Instance, error) {
+				return c.RetryInstance(ctx, args[0])
+			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
+		},
+	}
+	cmd.AddCommand(logs, retry)
 	return cmd
 }
 

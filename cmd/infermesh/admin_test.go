@@ -148,6 +148,8 @@ func TestFailuresExitNonZero(t *testing.T) {
 		{"no agent", []string{"status", "--wait", "0s", "--socket", filepath.Join(t.TempDir(), "none.sock")}, "infermesh: agent unreachable"},
 		{"bad args", []string{"allow", "chat", "--socket", sock}, "accepts 2 arg(s)"},
 		{"metrics json", []string{"metrics", "--json", "--socket", sock}, "--json does not apply"},
+		{"retry a serving instance", []string{"instances", "retry", "embed", "--socket", sock}, "instance has not failed"},
+		{"retry no instance", []string{"instances", "retry", "nope", "--socket", sock}, `no managed instance for role "nope"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -220,6 +220,15 @@ func (f *Fake) Instances(context.Context) ([]admin.Instance, error) {
 	}, nil
 }
 
+// RetryInstance implements admin.Backend: embed is serving (a conflict),
+// anything else has no instance.
+func (f *Fake) RetryInstance(_ context.Context, _ admin.Caller, role string) (admin.Instance, error) {
+	if role != "embed" {
+		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	}
+	return admin.Instance{}, admin.Errorf(admin.ErrConflict, "role %q is ready: instance has not failed", role)
+}
+
 // InstanceLogs implements admin.Backend.
 func (f *Fake) InstanceLogs(_ context.Context, role string, n int) ([]admin.LogLine, error) {
 	if role != "embed" {
