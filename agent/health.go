@@ -28,7 +28,6 @@ type upstreamProber struct {
 	client   *http.Client
 	interval time.Duration
 	log      *zap.Logger
-	onChange func(role string, up bool)
 }
 
 func (u *upstreamProber) run(ctx context.Context) {
@@ -52,9 +51,6 @@ func (u *upstreamProber) run(ctx context.Context) {
 			} else {
 				u.reg.DeregisterLocal(u.role)
 				u.log.Warn("local instance down", zap.String("role", u.role), zap.String("upstream", u.local.Base))
-			}
-			if u.onChange != nil {
-				u.onChange(u.role, up)
 			}
 		}
 		select {

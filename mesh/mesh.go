@@ -13,7 +13,6 @@ import (
 	"log"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -567,8 +566,6 @@ func (w zapWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // AdmissionProxy lets a placement table be built before the Mesh that
 // admits for it (the Mesh needs the table as its Sink): give the table the

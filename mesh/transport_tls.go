@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"errors"
 	"fmt"
 	"math/big"
 	"time"
@@ -133,5 +132,3 @@ func baseTLSConfig(cert tls.Certificate) *tls.Config {
 		InsecureSkipVerify: true,
 	}
 }
-
-var errNoPeer = errors.New("no verified peer")
