@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 	"go.etcd.io/bbolt"
@@ -352,7 +354,7 @@ func TestManagerReplacesOnSpecChangeAndRemovesRole(t *testing.T) {
 	if st2.ContainerID == st1.ContainerID || st2.Ref == st1.Ref {
 		t.Fatalf("not replaced: %+v", st2)
 	}
-	if _, err := e.cli.ContainerInspect(ctx, st1.ContainerID); !client.IsErrNotFound(err) {
+	if _, err := e.cli.ContainerInspect(ctx, st1.ContainerID); !cerrdefs.IsNotFound(err) {
 		t.Errorf("old container inspect = %v, want not found", err)
 	}
 	intents, err := e.intents.Intents()
@@ -365,7 +367,7 @@ func TestManagerReplacesOnSpecChangeAndRemovesRole(t *testing.T) {
 	// The role goes away: container stopped and removed, intent dropped.
 	e.apply(map[string]InstanceSpec{})
 	e.waitInstance("chat", "gone", func(_ InstanceStatus, ok bool) bool { return !ok })
-	if _, err := e.cli.ContainerInspect(ctx, st2.ContainerID); !client.IsErrNotFound(err) {
+	if _, err := e.cli.ContainerInspect(ctx, st2.ContainerID); !cerrdefs.IsNotFound(err) {
 		t.Errorf("removed role's container inspect = %v, want not found", err)
 	}
 	if intents, _ := e.intents.Intents(); len(intents) != 0 {
@@ -413,7 +415,7 @@ func TestManagerSweepOrphans(t *testing.T) {
 			t.Fatalf("SweepOrphans(dry=%v) = %+v, want only %s, removed %v", dry, got, orphan.Ref, !dry)
 		}
 		_, err = e.cli.ContainerInspect(ctx, orphan.ResourceID)
-		if gone := client.IsErrNotFound(err); gone != !dry {
+		if gone := cerrdefs.IsNotFound(err); gone != !dry {
 			t.Errorf("after SweepOrphans(dry=%v) orphan gone = %v", dry, gone)
 		}
 	}
