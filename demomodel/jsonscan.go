@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"unicode/utf8"
+
+	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
 // This file holds the allocation-free JSON reading and writing the hot path
@@ -22,7 +24,7 @@ type objIter struct {
 // newObjIter returns an iterator over the object in data, or false if data
 // (valid JSON) is not an object.
 func newObjIter(data []byte) (objIter, bool) {
-	i := skipWS(data, 0)
+	i := jsonskip.WS(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return objIter{}, false
 	}
@@ -33,17 +35,17 @@ func newObjIter(data []byte) (objIter, bool) {
 // and its raw value.
 func (it *objIter) next() (key, val []byte, ok bool) {
 	d := it.data
-	i := skipWS(d, it.i)
+	i := jsonskip.WS(d, it.i)
 	if i < len(d) && d[i] == ',' {
-		i = skipWS(d, i+1)
+		i = jsonskip.WS(d, i+1)
 	}
 	if i >= len(d) || d[i] != '"' {
 		return nil, nil, false // '}'
 	}
 	kEnd := skipString(d, i)
 	key = d[i+1 : kEnd-1]
-	i = skipWS(d, kEnd) + 1 // ':'
-	i = skipWS(d, i)
+	i = jsonskip.WS(d, kEnd) + 1 // ':'
+	i = jsonskip.WS(d, i)
 	vEnd := skipValue(d, i)
 	it.i = vEnd
 	return key, d[i:vEnd], true
@@ -61,70 +63,25 @@ func keyIs(raw []byte, name string) bool {
 	return json.Unmarshal(q, &s) == nil && s == name
 }
 
-func skipWS(d []byte, i int) int {
-	for i < len(d) {
-		switch d[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index just past the string starting at d[i] == '"'.
+// skipString returns the index just past the string starting at d[i] == '"'
+// (len(d) when it is not terminated; bodies are validated first).
 func skipString(d []byte, i int) int {
-	i++
-	for i < len(d) {
-		switch d[i] {
-		case '\\':
-			i += 2
-		case '"':
-			return i + 1
-		default:
-			i++
-		}
+	if e, ok := jsonskip.String(d, i); ok {
+		return e
 	}
-	return i
+	return len(d)
 }
 
-// skipValue returns the index just past the value starting at d[i].
+// skipValue returns the index just past the value starting at d[i] (len(d)
+// when it is not closed).
 func skipValue(d []byte, i int) int {
 	if i >= len(d) {
 		return i
 	}
-	switch d[i] {
-	case '"':
-		return skipString(d, i)
-	case '{', '[':
-		depth := 0
-		for i < len(d) {
-			switch d[i] {
-			case '"':
-				i = skipString(d, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	default: // number, true, false, null
-		for i < len(d) {
-			switch d[i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return i
-			}
-			i++
-		}
-		return i
+	if e, ok := jsonskip.Value(d, i); ok {
+		return e
 	}
+	return len(d)
 }
 
 func isNull(v []byte) bool { return string(v) == "null" }
@@ -203,7 +160,7 @@ func isNonEmptyArray(v []byte) bool {
 	if len(v) < 2 || v[0] != '[' {
 		return false
 	}
-	i := skipWS(v, 1)
+	i := jsonskip.WS(v, 1)
 	return i < len(v) && v[i] != ']'
 }
 

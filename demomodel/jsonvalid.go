@@ -1,13 +1,15 @@
 package demomodel
 
+import "github.com/infermesh/infermesh/internal/jsonskip"
+
 // jsonValid reports whether data is one valid JSON value (surrounded by
 // optional whitespace). It accepts exactly what encoding/json.Valid accepts
 // (a fuzz test holds it to that) at a fraction of the cost: json.Valid steps
 // a state machine through a function pointer per byte and was half the chat
 // handler's CPU time.
 func jsonValid(data []byte) bool {
-	i, ok := validValue(data, skipWS(data, 0), 0)
-	return ok && skipWS(data, i) == len(data)
+	i, ok := validValue(data, jsonskip.WS(data, 0), 0)
+	return ok && jsonskip.WS(data, i) == len(data)
 }
 
 // maxNesting matches encoding/json's nesting limit.
@@ -24,7 +26,7 @@ func validValue(d []byte, i, depth int) (int, bool) {
 		if depth >= maxNesting {
 			return i, false
 		}
-		i = skipWS(d, i+1)
+		i = jsonskip.WS(d, i+1)
 		if i < len(d) && d[i] == '}' {
 			return i + 1, true
 		}
@@ -36,20 +38,20 @@ func validValue(d []byte, i, depth int) (int, bool) {
 			if i, ok = validString(d, i); !ok {
 				return i, false
 			}
-			i = skipWS(d, i)
+			i = jsonskip.WS(d, i)
 			if i >= len(d) || d[i] != ':' {
 				return i, false
 			}
-			if i, ok = validValue(d, skipWS(d, i+1), depth+1); !ok {
+			if i, ok = validValue(d, jsonskip.WS(d, i+1), depth+1); !ok {
 				return i, false
 			}
-			i = skipWS(d, i)
+			i = jsonskip.WS(d, i)
 			if i >= len(d) {
 				return i, false
 			}
 			switch d[i] {
 			case ',':
-				i = skipWS(d, i+1)
+				i = jsonskip.WS(d, i+1)
 			case '}':
 				return i + 1, true
 			default:
@@ -60,7 +62,7 @@ func validValue(d []byte, i, depth int) (int, bool) {
 		if depth >= maxNesting {
 			return i, false
 		}
-		i = skipWS(d, i+1)
+		i = jsonskip.WS(d, i+1)
 		if i < len(d) && d[i] == ']' {
 			return i + 1, true
 		}
@@ -69,13 +71,13 @@ func validValue(d []byte, i, depth int) (int, bool) {
 			if i, ok = validValue(d, i, depth+1); !ok {
 				return i, false
 			}
-			i = skipWS(d, i)
+			i = jsonskip.WS(d, i)
 			if i >= len(d) {
 				return i, false
 			}
 			switch d[i] {
 			case ',':
-				i = skipWS(d, i+1)
+				i = jsonskip.WS(d, i+1)
 			case ']':
 				return i + 1, true
 			default:

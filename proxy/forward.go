@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/internal/jsonskip"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -227,12 +228,12 @@ func pinnedBody(dst, body []byte, model string) []byte {
 		return append(dst, body[me:]...)
 	}
 	// Insert the model as the object's first member.
-	open := skipWS(body, 0)
+	open := jsonskip.WS(body, 0)
 	dst = append(dst, body[:open+1]...)
 	dst = append(dst, `"model":`...)
 	dst = appendJSONString(dst, model)
 	rest := body[open+1:]
-	if j := skipWS(rest, 0); j < len(rest) && rest[j] != '}' {
+	if j := jsonskip.WS(rest, 0); j < len(rest) && rest[j] != '}' {
 		dst = append(dst, ',')
 	}
 	return append(dst, rest...)

@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+
+	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
 // errNotObject is returned when a body is not a JSON object.
@@ -18,13 +20,13 @@ var errNotObject = errors.New("body is not a JSON object")
 // best-effort scan of an upstream's output); on malformed input it reports an
 // error rather than panicking.
 func modelSpan(b []byte) (start, end int, found bool, err error) {
-	i := skipWS(b, 0)
+	i := jsonskip.WS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return 0, 0, false, errNotObject
 	}
 	i++
 	for {
-		i = skipWS(b, i)
+		i = jsonskip.WS(b, i)
 		if i >= len(b) {
 			return 0, 0, false, errNotObject
 		}
@@ -39,16 +41,16 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			return 0, 0, false, errNotObject
 		}
 		ks := i
-		ke, ok := skipString(b, i)
+		ke, ok := jsonskip.String(b, i)
 		if !ok {
 			return 0, 0, false, errNotObject
 		}
 		key := b[ks+1 : ke-1]
-		i = skipWS(b, ke)
+		i = jsonskip.WS(b, ke)
 		if i >= len(b) || b[i] != ':' {
 			return 0, 0, false, errNotObject
 		}
-		i = skipWS(b, i+1)
+		i = jsonskip.WS(b, i+1)
 		if i >= len(b) {
 			return 0, 0, false, errNotObject
 		}
@@ -61,7 +63,7 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			if b[i] != '"' {
 				return 0, 0, false, errors.New(`"model" is not a string`)
 			}
-			ve, ok := skipString(b, i)
+			ve, ok := jsonskip.String(b, i)
 			if !ok {
 				return 0, 0, false, errNotObject
 			}
@@ -69,7 +71,7 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			i = ve
 			continue
 		}
-		ve, ok := skipValue(b, i)
+		ve, ok := jsonskip.Value(b, i)
 		if !ok {
 			return 0, 0, false, errNotObject
 		}
@@ -132,73 +134,6 @@ func rewriteModel(b []byte, lit []byte) []byte {
 		return b
 	}
 	return replaceSpan(b, s, e, lit)
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index just past the string literal starting at b[i].
-func skipString(b []byte, i int) (int, bool) {
-	i++
-	for i < len(b) {
-		switch b[i] {
-		case '\\':
-			i += 2
-		case '"':
-			return i + 1, true
-		default:
-			i++
-		}
-	}
-	return 0, false
-}
-
-// skipValue returns the index just past the JSON value starting at b[i].
-func skipValue(b []byte, i int) (int, bool) {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				e, ok := skipString(b, i)
-				if !ok {
-					return 0, false
-				}
-				i = e
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1, true
-				}
-			}
-			i++
-		}
-		return 0, false
-	default:
-		for i < len(b) {
-			switch b[i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return i, true
-			}
-			i++
-		}
-		return i, true
-	}
 }
 
 // quoteModel is appendJSONString for a fresh slice.
