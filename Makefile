@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick lint clean
+.PHONY: all build run test test-short bench bench-quick lint clean node-image
 
 all: build
 
@@ -15,6 +15,10 @@ build:
 ## run: the agent in dev mode (one node, the built-in demo model as role chat on 127.0.0.1:18080)
 run: build
 	$(BIN)/infermeshd -dev
+
+## node-image: the Debian bookworm systemd+sshd image docker nodes run (built once per recipe; see internal/nodeimage)
+node-image:
+	$(GO) run ./internal/nodeimage/cmd/node-image
 
 ## test: every test, with the race detector (Docker and sshd tests included)
 test:
