@@ -20,6 +20,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
+	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
@@ -48,6 +49,9 @@ type Options struct {
 	// the defaults.
 	MeshTuning      func(*mesh.Config)
 	ProvisionTuning func(*provision.ManagerConfig)
+	// SweepTuning adjusts the orphan sweep's settings (tests use a short
+	// grace period and interval). Nil: the defaults.
+	SweepTuning func(*cleanup.SweeperConfig)
 	// TransportTuning adjusts the QUIC transport's settings (tests use
 	// short keep-alives and may hand it their own socket). Nil: defaults.
 	TransportTuning func(*mesh.TransportConfig)
@@ -248,12 +252,31 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.admin = ad
 	a.mu.Unlock()
 
+	// Static upstreams, simulated instances (the built-in demo model, one
+	// server per role) and, in dev mode, the demo model for every role
+	// with neither: each is probed and registered like a static upstream.
 	upstreams := map[string]string{}
+	runtimes := map[string]string{}
 	for name, r := range a.cfg.Roles {
-		upstreams[name] = r.Upstream
+		upstreams[name], runtimes[name] = r.Upstream, "static"
+		if r.Instance != nil && r.Instance.Runtime == provision.RuntimeSimulated {
+			base, stop, err := a.startDemo(modelOr(r.Model))
+			if err != nil {
+				return fmt.Errorf("roles.%s.instance: %w", name, err)
+			}
+			defer stop()
+			upstreams[name], runtimes[name] = base, provision.RuntimeSimulated
+		}
 	}
 	if a.opts.Dev {
-		base, stop, err := a.startDemo()
+		model := "demo"
+		for _, r := range a.cfg.Roles {
+			if r.Model != "" {
+				model = r.Model
+				break
+			}
+		}
+		base, stop, err := a.startDemo(model)
 		if err != nil {
 			return err
 		}
@@ -294,7 +317,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		pr := &upstreamProber{
 			role:     name,
-			local:    placement.Local{Base: base, Model: a.cfg.Roles[name].Model, API: "openai", Runtime: "static"},
+			local:    placement.Local{Base: base, Model: a.cfg.Roles[name].Model, API: "openai", Runtime: runtimes[name]},
 			reg:      a.table,
 			client:   probeClient,
 			interval: a.cfg.Proxy.HealthInterval,
@@ -319,12 +342,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.prov = prov
 		a.mu.Unlock()
 		defer prov.close()
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			if err := prov.mgr.Run(runCtx); err != nil {
 				a.log.Error("instance manager stopped", zap.Error(err))
 			}
+		}()
+		go func() {
+			defer wg.Done()
+			prov.sweeper.Run(runCtx)
 		}()
 	}
 
@@ -421,15 +448,16 @@ func moveChanges(applied, restart []string, now func(string) bool) ([]string, []
 	return applied, kept
 }
 
-// startDemo serves the built-in demo model on an ephemeral loopback port.
-func (a *Agent) startDemo() (base string, stop func(), err error) {
-	model := "demo"
-	for _, r := range a.cfg.Roles {
-		if r.Model != "" {
-			model = r.Model
-			break
-		}
+func modelOr(m string) string {
+	if m == "" {
+		return "demo"
 	}
+	return m
+}
+
+// startDemo serves the built-in demo model as model on an ephemeral
+// loopback port.
+func (a *Agent) startDemo(model string) (base string, stop func(), err error) {
 	dcfg := demomodel.DefaultConfig()
 	dcfg.Model = model
 	dcfg.TokenDelay = a.opts.DemoTokenDelay

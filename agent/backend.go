@@ -782,10 +782,7 @@ func (b *Backend) Instances(context.Context) ([]admin.Instance, error) {
 	list := b.inst.Instances()
 	out := make([]admin.Instance, 0, len(list))
 	for _, s := range list {
-		out = append(out, admin.Instance{
-			Role: s.Role, State: string(s.State), Ref: s.Ref, ContainerID: s.ContainerID, Endpoint: s.Endpoint,
-			Image: s.Image, Restarts: s.Restarts, LastError: s.LastError, Since: s.Since.UTC(),
-		})
+		out = append(out, adminInstance(s))
 	}
 	return out, nil
 }
@@ -805,10 +802,8 @@ func (b *Backend) RetryInstance(_ context.Context, by admin.Caller, role string)
 	}
 	b.a.audit.Record(Event{Kind: AuditAdminRetry, Role: role, Fields: map[string]string{"by": by.String()}})
 	s, _ := b.inst.Instance(role)
-	return admin.Instance{
-		Role: role, State: string(s.State), Ref: s.Ref, ContainerID: s.ContainerID, Endpoint: s.Endpoint,
-		Image: s.Image, Restarts: s.Restarts, LastError: s.LastError, Since: s.Since.UTC(),
-	}, nil
+	s.Role = role
+	return adminInstance(s), nil
 }
 
 // InstanceLogs implements admin.Backend.

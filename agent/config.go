@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -16,8 +17,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/provision"
 )
 
 // Config is the agent's configuration file (YAML). Decoding is strict: an
@@ -41,9 +44,14 @@ type Config struct {
 type NodeConfig struct {
 	// Name is the node's mesh identity. Default: the host name.
 	Name string `yaml:"name"`
-	// StateDir holds the node key, the state store and the gossip keyring.
+	// StateDir holds the node key, the state store and the gossip keyring,
+	// and the site root (sites/<site>: native instances' records and logs).
 	// Default /var/lib/infermesh.
 	StateDir string `yaml:"state_dir"`
+	// CacheDir holds node-local workload caches, one directory per site
+	// (<cache_dir>/<site>/<node>/<role>: a native instance's working
+	// directory and HOME). Default /var/cache/infermesh.
+	CacheDir string `yaml:"cache_dir"`
 }
 
 // LogConfig selects the log format and level.
@@ -155,18 +163,23 @@ type RoleConfig struct {
 	// AcceptFrom lists the nodes allowed to serve the role to this node
 	// (default deny).
 	AcceptFrom []string `yaml:"accept_from"`
-	// Instance is a managed local instance (a Docker container).
+	// Instance is a managed local instance: a Docker container, a native
+	// process, or the simulated (built-in demo) model.
 	Instance *InstanceConfig `yaml:"instance"`
 }
 
 // InstanceConfig describes a managed local instance.
 type InstanceConfig struct {
-	// Runtime is the provider; only docker is supported.
-	Runtime string            `yaml:"runtime"`
-	Image   string            `yaml:"image"`
+	// Runtime is docker (default), native or simulated.
+	Runtime string `yaml:"runtime"`
+	// Image is the container image (docker).
+	Image string `yaml:"image"`
+	// Command is the executable, an absolute path (native).
+	Command string            `yaml:"command"`
 	Args    []string          `yaml:"args"`
 	Env     map[string]string `yaml:"env"`
-	// Port is the port the server listens on inside the container.
+	// Port is the port the server listens on: inside the container
+	// (docker), or on 127.0.0.1 (native).
 	Port   int     `yaml:"port"`
 	Mounts []Mount `yaml:"mounts"`
 	// Health is the readiness path. Default /health.
@@ -193,9 +206,10 @@ type RestartPolicy struct {
 
 // Defaults.
 const (
-	DefaultStateDir     = "/var/lib/infermesh"
-	DefaultAdminSocket  = "/run/infermesh/admin.sock"
-	DefaultSite         = "default"
+	DefaultStateDir     = cleanup.DefaultStateDir
+	DefaultCacheDir     = cleanup.DefaultCacheRoot
+	DefaultAdminSocket  = cleanup.DefaultAdminSocket
+	DefaultSite         = cleanup.DefaultSite
 	DefaultCluster      = "infermesh"
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second
@@ -295,6 +309,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.StateDir == "" {
 		c.Node.StateDir = DefaultStateDir
+	}
+	if c.Node.CacheDir == "" {
+		c.Node.CacheDir = DefaultCacheDir
+	}
+	if !filepath.IsAbs(c.Node.CacheDir) {
+		return fieldErr("node.cache_dir", "%q must be an absolute path", c.Node.CacheDir)
 	}
 	if c.Site == "" {
 		c.Site = DefaultSite
@@ -488,15 +508,50 @@ func (p *ProxyConfig) validate() error {
 }
 
 func (in *InstanceConfig) validate(f string) error {
+	unused := func(what string, set bool) error {
+		if set {
+			return fieldErr(f+"."+what, "is not used by runtime %s", in.Runtime)
+		}
+		return nil
+	}
 	switch in.Runtime {
 	case "":
-		in.Runtime = "docker"
-	case "docker":
+		in.Runtime = provision.RuntimeDocker
+	case provision.RuntimeDocker, provision.RuntimeNative, provision.RuntimeSimulated:
 	default:
-		return fieldErr(f+".runtime", "%q is not supported (docker)", in.Runtime)
+		return fieldErr(f+".runtime", "%q is not docker, native or simulated", in.Runtime)
 	}
-	if in.Image == "" {
-		return fieldErr(f+".image", "is required")
+	switch in.Runtime {
+	case provision.RuntimeDocker:
+		if in.Image == "" {
+			return fieldErr(f+".image", "is required")
+		}
+		if err := unused("command", in.Command != ""); err != nil {
+			return err
+		}
+	case provision.RuntimeNative:
+		if in.Command == "" {
+			return fieldErr(f+".command", "is required")
+		}
+		if !filepath.IsAbs(in.Command) {
+			return fieldErr(f+".command", "%q must be an absolute path", in.Command)
+		}
+		for _, e := range []error{unused("image", in.Image != ""), unused("mounts", len(in.Mounts) > 0)} {
+			if e != nil {
+				return e
+			}
+		}
+	case provision.RuntimeSimulated:
+		// The built-in demo model, served inside the agent.
+		for _, e := range []error{
+			unused("image", in.Image != ""), unused("command", in.Command != ""), unused("args", len(in.Args) > 0),
+			unused("env", len(in.Env) > 0), unused("port", in.Port != 0), unused("mounts", len(in.Mounts) > 0),
+		} {
+			if e != nil {
+				return e
+			}
+		}
+		return nil
 	}
 	if in.Port < 1 || in.Port > 65535 {
 		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)
@@ -506,6 +561,11 @@ func (in *InstanceConfig) validate(f string) error {
 	}
 	if !strings.HasPrefix(in.Health, "/") {
 		return fieldErr(f+".health", "%q must be a path starting with /", in.Health)
+	}
+	for k := range in.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fieldErr(f+".env", "%q is not a variable name", k)
+		}
 	}
 	for i, m := range in.Mounts {
 		mf := fmt.Sprintf("%s.mounts[%d]", f, i)
@@ -531,14 +591,8 @@ func (in *InstanceConfig) validate(f string) error {
 	return nil
 }
 
-var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-
-func validNodeName(n string) error {
-	if !nodeNameRE.MatchString(n) {
-		return fmt.Errorf("%q is not a valid name (letters, digits, '.', '_', '-'; at most 63; starting with a letter or digit)", n)
-	}
-	return nil
-}
+// validNodeName is the rule of node, site and cluster names.
+func validNodeName(n string) error { return placement.ValidateNode(n) }
 
 // loopbackBase checks that s is http://<loopback IP or localhost>:<port>.
 func loopbackBase(s string) error {

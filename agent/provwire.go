@@ -3,23 +3,24 @@ package agent
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 
+	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/provision"
-	"go.etcd.io/bbolt"
 )
 
-// intentsBucket is the state-store bucket of provisioning intents.
-const intentsBucket = "provision.intents"
-
-// desiredInstances maps the config's managed roles to instance specs.
+// desiredInstances maps the config's managed roles (docker and native; a
+// simulated instance is served inside the agent) to instance specs.
 func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 	out := map[string]provision.InstanceSpec{}
 	for name, r := range c.Roles {
 		in := r.Instance
-		if in == nil {
+		if in == nil || in.Runtime == provision.RuntimeSimulated {
 			continue
 		}
 		mounts := make([]provision.Mount, 0, len(in.Mounts))
@@ -28,6 +29,7 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 		}
 		out[name] = provision.InstanceSpec{
 			Image:   in.Image,
+			Command: in.Command,
 			Args:    append([]string(nil), in.Args...),
 			Env:     in.Env,
 			Port:    in.Port,
@@ -41,20 +43,45 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 	return out
 }
 
-// provisioning is the running instance manager and what it owns.
-type provisioning struct {
-	mgr      *provision.Manager
-	provider *provision.DockerProvider
-	closeAPI func() error
+// boundKinds is the set of runtime binding kinds the roles' instances use.
+func (c *Config) boundKinds() cleanup.KindSet {
+	var ks cleanup.KindSet
+	for _, r := range c.Roles {
+		if r.Instance != nil {
+			ks.Add(cleanup.Kind(r.Instance.Runtime))
+		}
+	}
+	return ks
 }
 
-// startProvisioning builds the Docker-backed instance manager when the
-// config has managed instances or the store remembers some (a role removed
-// from the config still has a container to remove). It returns nil, nil
-// when there is nothing to manage. The daemon need not be reachable: the
-// manager retries with backoff and other roles keep serving.
+// layout is where the site keeps things on this host.
+func (c *Config) layout() (cleanup.Layout, error) {
+	state, err := filepath.Abs(c.Node.StateDir)
+	if err != nil {
+		return cleanup.Layout{}, fmt.Errorf("node.state_dir: %w", err)
+	}
+	l := cleanup.Layout{StateDir: state, CacheRoot: c.Node.CacheDir, Site: c.Site}
+	return l, l.Validate()
+}
+
+// provisioning is the running instance manager, its orphan sweep and what
+// they own.
+type provisioning struct {
+	mgr     *provision.Manager
+	sweeper *cleanup.Sweeper
+	docker  *provision.DockerProvider
+	native  *provision.NativeProvider
+	cli     *provision.DockerClient
+}
+
+// startProvisioning builds the instance manager (Docker and native
+// runtimes) and its orphan sweep when the config has managed instances or
+// the store remembers some (a role removed from the config still has a
+// resource to remove). It returns nil, nil when there is nothing to manage.
+// The Docker daemon need not be reachable: the manager retries with backoff
+// and other roles keep serving.
 func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provisioning, error) {
-	intents, err := provision.NewBoltIntents(db, intentsBucket)
+	intents, err := provision.NewBoltIntents(db, provision.IntentsBucket)
 	if err != nil {
 		return nil, err
 	}
@@ -66,21 +93,39 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if len(desired) == 0 && len(remembered) == 0 {
 		return nil, nil
 	}
-	cli, err := provision.NewDockerClient()
+	layout, err := a.cfg.layout()
 	if err != nil {
 		return nil, err
 	}
-	prov, err := provision.NewDockerProvider(cli, provision.DockerConfig{Site: a.cfg.Site, Node: a.cfg.Node.Name, Logger: a.log.Named("docker")})
+	node := a.cfg.Node.Name
+	p := &provisioning{}
+	ok := false
+	defer func() {
+		if !ok {
+			p.close()
+		}
+	}()
+	if p.cli, err = provision.NewDockerClient(); err != nil {
+		return nil, err
+	}
+	if p.docker, err = provision.NewDockerProvider(p.cli, provision.DockerConfig{Site: a.cfg.Site, Node: node, Logger: a.log.Named("docker")}); err != nil {
+		return nil, err
+	}
+	p.native, err = provision.NewNativeProvider(provision.NativeConfig{
+		Site: a.cfg.Site, Node: node, Dir: layout.NodeDir(node), CacheDir: layout.NodeCache(node),
+		Logger: a.log.Named("native"),
+	})
 	if err != nil {
-		_ = cli.Close()
 		return nil, err
 	}
 	mcfg := provision.ManagerConfig{
-		Provider:     prov,
-		Intents:      intents,
-		Registrar:    a.table,
-		Logger:       a.log.Named("provision"),
-		SweepOnStart: true,
+		Providers: map[string]provision.InstanceProvider{
+			provision.RuntimeDocker: p.docker,
+			provision.RuntimeNative: p.native,
+		},
+		Intents:   intents,
+		Registrar: a.table,
+		Logger:    a.log.Named("provision"),
 		Events: func(e provision.Event) {
 			a.audit.Record(Event{Kind: "provision." + e.Kind.String(), Role: e.Role, Fields: map[string]string{"message": e.Message, "ref": e.Ref}})
 		},
@@ -88,24 +133,62 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if a.opts.ProvisionTuning != nil {
 		a.opts.ProvisionTuning(&mcfg)
 	}
-	mgr, err := provision.NewManager(mcfg)
-	if err != nil {
-		_ = prov.Close()
-		_ = cli.Close()
+	if p.mgr, err = provision.NewManager(mcfg); err != nil {
 		return nil, err
 	}
-	if err := mgr.Apply(ctx, desired); err != nil {
-		_ = prov.Close()
-		_ = cli.Close()
+	if err := p.mgr.Apply(ctx, desired); err != nil {
 		return nil, fmt.Errorf("roles: %w", err)
 	}
+
+	// The orphan sweep is a site cleanup of this node's execution target
+	// through the same code as `infermesh site cleanup`.
+	backends, err := provision.NewSiteCleanups(provision.SiteCleanupsConfig{Docker: p.cli, Layout: layout, Node: node, Logger: a.log.Named("cleanup")})
+	if err != nil {
+		return nil, err
+	}
+	sc, err := backends.SiteCleanup(a.cfg.boundKinds())
+	if err != nil {
+		return nil, err
+	}
+	scfg := cleanup.SweeperConfig{
+		Cleanup: sc, Site: a.cfg.Site, Node: node, Wanted: p.mgr.Wanted, Logger: a.log.Named("sweep"),
+		OnSweep: func(rep cleanup.Report, _ error) {
+			for _, r := range rep.Removed {
+				a.audit.Record(Event{Kind: "cleanup.orphan_removed", Role: r.Role, Fields: map[string]string{"runtime": r.Runtime, "ref": r.Ref, "resource": r.Description}})
+			}
+		},
+	}
+	if a.opts.SweepTuning != nil {
+		a.opts.SweepTuning(&scfg)
+	}
+	if p.sweeper, err = cleanup.NewSweeper(scfg); err != nil {
+		return nil, err
+	}
 	a.log.Info("provisioning managed instances", zap.Int("roles", len(desired)), zap.Int("remembered", len(remembered)))
-	return &provisioning{mgr: mgr, provider: prov, closeAPI: cli.Close}, nil
+	ok = true
+	return p, nil
 }
 
+// close stops following instances (they keep running) and closes the
+// Docker client. Safe on a partly built provisioning.
 func (p *provisioning) close() {
-	_ = p.provider.Close()
-	_ = p.closeAPI()
+	if p.docker != nil {
+		_ = p.docker.Close()
+	}
+	if p.native != nil {
+		_ = p.native.Close()
+	}
+	if p.cli != nil {
+		_ = p.cli.Close()
+	}
+}
+
+// adminInstance is the admin API's view of an instance.
+func adminInstance(s provision.InstanceStatus) admin.Instance {
+	return admin.Instance{
+		Role: s.Role, State: string(s.State), Runtime: s.Runtime, Ref: s.Ref, ContainerID: s.ContainerID, PID: s.PID,
+		Endpoint: s.Endpoint, Image: s.Image, Restarts: s.Restarts, LastError: s.LastError, Since: s.Since.UTC(),
+	}
 }
 
 // lateInstances lets the admin backend be built before the instance manager

@@ -34,11 +34,20 @@ const (
 	LabelRole      = LabelPrefix + "role"
 	LabelRun       = LabelPrefix + "run" // ProvisionSpec.RunID
 	LabelAttempt   = LabelPrefix + "attempt"
-	LabelTarget    = LabelPrefix + "target" // execution target
-	LabelSpecHash  = LabelPrefix + "spec-hash"
+	// LabelTarget is the execution target a container is attributed to:
+	// the node that created it (cleanup scopes select by it).
+	LabelTarget   = LabelPrefix + "target"
+	LabelSpecHash = LabelPrefix + "spec-hash"
 
 	// ManagedByValue is the value of LabelManagedBy.
 	ManagedByValue = "infermesh"
+
+	// LegacyTargetDocker is what LabelTarget held before it named the node:
+	// the runtime. Containers created then still carry it, with LabelNode
+	// naming their node; such a container is attributed to its LabelNode
+	// (TargetOf). A node may itself be named "docker": its containers carry
+	// both labels equal, which reads the same either way.
+	LegacyTargetDocker = "docker"
 )
 
 // DockerAPI is the part of the Docker Engine API the provider uses;
@@ -80,8 +89,6 @@ type DockerConfig struct {
 	// ever listed or removed. Required; token characters [A-Za-z0-9._-].
 	Site string
 	Node string
-	// Target is the execution-target label value. Default "docker".
-	Target string
 	// StopTimeout is the grace period between SIGTERM and SIGKILL. Default 10s.
 	StopTimeout time.Duration
 	// CallTimeout bounds each non-streaming API call. Default 30s.
@@ -96,7 +103,6 @@ type DockerConfig struct {
 // DefaultDockerConfig returns the defaults (Site and Node still required).
 func DefaultDockerConfig() DockerConfig {
 	return DockerConfig{
-		Target:      "docker",
 		StopTimeout: 10 * time.Second,
 		CallTimeout: 30 * time.Second,
 		LogTail:     100,
@@ -111,7 +117,6 @@ func (c *DockerConfig) fill() error {
 	if err := validToken(c.Node); err != nil {
 		return fmt.Errorf("docker config: Node: %w", err)
 	}
-	defaults.Zero(&c.Target, d.Target)
 	defaults.Positive(&c.StopTimeout, d.StopTimeout)
 	defaults.Positive(&c.CallTimeout, d.CallTimeout)
 	defaults.Positive(&c.LogTail, d.LogTail)
@@ -211,10 +216,12 @@ func (p *DockerProvider) Config() DockerConfig { return p.cfg }
 // infermesh-<site>-<node>-<role>-<attempt>, or with r<run>i<instance> in
 // place of the role for specs without one. It needs no provider state.
 func (p *DockerProvider) ProviderRef(spec ProvisionSpec) string {
-	return containerName(p.cfg.Site, p.cfg.Node, spec)
+	return resourceName(p.cfg.Site, p.cfg.Node, spec)
 }
 
-func containerName(site, node string, spec ProvisionSpec) string {
+// resourceName is the name of an instance attempt's resource, whatever
+// its runtime.
+func resourceName(site, node string, spec ProvisionSpec) string {
 	who := spec.Role
 	if who == "" {
 		who = fmt.Sprintf("r%di%d", spec.RunID, spec.InstanceID)
@@ -230,7 +237,7 @@ func (p *DockerProvider) labels(spec ProvisionSpec) map[string]string {
 		LabelRole:      spec.Role,
 		LabelRun:       strconv.FormatUint(spec.RunID, 10),
 		LabelAttempt:   strconv.FormatUint(spec.AttemptID, 10),
-		LabelTarget:    p.cfg.Target,
+		LabelTarget:    p.cfg.Node,
 		LabelSpecHash:  spec.Hash(),
 	}
 }
@@ -588,23 +595,35 @@ func (p *DockerProvider) removeOwned(ctx context.Context, ref, id string) error 
 
 // stopID stops a container gracefully (StopTimeout, then SIGKILL).
 func (p *DockerProvider) stopID(ctx context.Context, ref, id string) error {
-	secs := int(p.cfg.StopTimeout.Round(time.Second) / time.Second)
-	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout+p.cfg.StopTimeout)
+	return stopContainer(ctx, p.api, ref, id, p.cfg.CallTimeout, p.cfg.StopTimeout)
+}
+
+// removeID stops (gracefully) then removes a container we already checked.
+func (p *DockerProvider) removeID(ctx context.Context, ref, id string) error {
+	return stopAndRemove(ctx, p.api, ref, id, p.cfg.CallTimeout, p.cfg.StopTimeout)
+}
+
+// stopContainer stops id gracefully: SIGTERM, then SIGKILL after stop.
+// Gone is success.
+func stopContainer(ctx context.Context, api DockerAPI, ref, id string, call, stop time.Duration) error {
+	secs := int(stop.Round(time.Second) / time.Second)
+	cctx, cancel := context.WithTimeout(ctx, call+stop)
 	defer cancel()
-	if err := p.api.ContainerStop(cctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
+	if err := api.ContainerStop(cctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
 		return wrap("stop container", ref, err)
 	}
 	return nil
 }
 
-// removeID stops (gracefully) then removes a container we already checked.
-func (p *DockerProvider) removeID(ctx context.Context, ref, id string) error {
-	if err := p.stopID(ctx, ref, id); err != nil {
+// stopAndRemove stops id gracefully, then removes it. Gone is success.
+// The caller has checked its labels.
+func stopAndRemove(ctx context.Context, api DockerAPI, ref, id string, call, stop time.Duration) error {
+	if err := stopContainer(ctx, api, ref, id, call, stop); err != nil {
 		return err
 	}
-	cctx, cancel := p.callCtx(ctx)
+	cctx, cancel := context.WithTimeout(ctx, call)
 	defer cancel()
-	err := p.api.ContainerRemove(cctx, id, container.RemoveOptions{Force: true})
+	err := api.ContainerRemove(cctx, id, container.RemoveOptions{Force: true})
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		return wrap("remove container", ref, err)
 	}

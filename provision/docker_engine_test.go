@@ -138,7 +138,7 @@ func TestEngineCreateServesDemoModelOnLoopbackOnly(t *testing.T) {
 	l := info.Config.Labels
 	want := map[string]string{
 		LabelManagedBy: ManagedByValue, LabelSite: site, LabelNode: "n1", LabelRole: "chat",
-		LabelRun: "0", LabelAttempt: "1", LabelTarget: "docker", LabelSpecHash: spec.Hash(),
+		LabelRun: "0", LabelAttempt: "1", LabelTarget: "n1", LabelSpecHash: spec.Hash(),
 	}
 	for k, v := range want {
 		if l[k] != v {

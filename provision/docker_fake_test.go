@@ -400,7 +400,7 @@ func TestDockerConfigValidation(t *testing.T) {
 				}
 				p.Close()
 				p.Close() // idempotent
-				if got := p.Config(); got.StopTimeout != 10*time.Second || got.Target != "docker" || got.LogTail != 100 {
+				if got := p.Config(); got.StopTimeout != 10*time.Second || got.LogTail != 100 {
 					t.Errorf("defaults not filled: %+v", got)
 				}
 				return
@@ -420,15 +420,15 @@ func TestManagerConfigAndApplyValidation(t *testing.T) {
 	reg := nopRegistrar{}
 	in := memIntents{}
 	for name, cfg := range map[string]ManagerConfig{
-		"Provider":  {Intents: in, Registrar: reg},
-		"Intents":   {Provider: p, Registrar: reg},
-		"Registrar": {Provider: p, Intents: in},
+		"Providers": {Intents: in, Registrar: reg},
+		"Intents":   {Providers: docker(p), Registrar: reg},
+		"Registrar": {Providers: docker(p), Intents: in},
 	} {
 		if _, err := NewManager(cfg); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("NewManager without %s = %v, want an error naming it", name, err)
 		}
 	}
-	m, err := NewManager(ManagerConfig{Provider: p, Intents: in, Registrar: reg})
+	m, err := NewManager(ManagerConfig{Providers: docker(p), Intents: in, Registrar: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +469,7 @@ func (m memIntents) Intents() (map[string]ProvisionSpec, error)  { return m, nil
 
 func TestManagerRunTwiceAndCancel(t *testing.T) {
 	p := fakeProvider(t, &fakeDocker{})
-	m, err := NewManager(ManagerConfig{Provider: p, Intents: memIntents{}, Registrar: nopRegistrar{}})
+	m, err := NewManager(ManagerConfig{Providers: docker(p), Intents: memIntents{}, Registrar: nopRegistrar{}})
 	if err != nil {
 		t.Fatal(err)
 	}

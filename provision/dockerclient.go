@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -28,10 +29,11 @@ type DockerClient struct {
 var _ DockerAPI = (*DockerClient)(nil)
 
 // NewDockerClient returns a client configured from the environment
-// (DOCKER_HOST, ...) that negotiates the API version with the daemon, so a
-// v28 client talks to a 20.10 (API 1.41) engine. The caller closes it.
-func NewDockerClient() (*DockerClient, error) {
-	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+// (DOCKER_HOST, ...), then opts (client.WithHost, ...), that negotiates the
+// API version with the daemon, so a v28 client talks to a 20.10 (API 1.41)
+// engine. The caller closes it.
+func NewDockerClient(opts ...client.Opt) (*DockerClient, error) {
+	c, err := client.NewClientWithOpts(append([]client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
@@ -121,4 +123,12 @@ func (c *DockerClient) ContainerWait(ctx context.Context, id string, condition c
 		return make(chan container.WaitResponse), errc
 	}
 	return c.Client.ContainerWait(ctx, id, condition)
+}
+
+// ImageRemove implements HelperAPI.
+func (c *DockerClient) ImageRemove(ctx context.Context, ref string, options image.RemoveOptions) ([]image.DeleteResponse, error) {
+	if err := c.negotiate(ctx); err != nil {
+		return nil, err
+	}
+	return c.Client.ImageRemove(ctx, ref, options)
 }

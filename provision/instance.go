@@ -26,6 +26,8 @@ type instance struct {
 	role     string
 	spec     InstanceSpec
 	intent   ProvisionSpec // this attempt's provider spec; zero for a removal
+	p        InstanceProvider
+	pErr     error // why p is nil: no provider for the spec's runtime
 	ref      string
 	removing bool
 	logs     *LogRing
@@ -49,13 +51,36 @@ func (m *Manager) newInstance(role string, spec InstanceSpec, attempt uint64) *i
 		endC: make(chan string, 1),
 		done: make(chan struct{}),
 	}
-	in.st = InstanceStatus{Role: role, State: StatePending, Since: time.Now()}
+	in.st = InstanceStatus{Role: role, State: StatePending, Runtime: spec.Runtime, Since: time.Now()}
 	if attempt > 0 {
 		in.intent = spec.provisionSpec(role, attempt)
-		in.ref = m.cfg.Provider.ProviderRef(in.intent)
-		in.st.Ref, in.st.Image, in.st.Attempt, in.st.SpecHash = in.ref, spec.Image, attempt, in.intent.Hash()
+		in.st.Image, in.st.Attempt, in.st.SpecHash = spec.Image, attempt, in.intent.Hash()
+		if spec.Runtime == RuntimeNative {
+			in.st.Image = spec.Command
+		}
+		if in.p, in.pErr = m.provider(spec.Runtime); in.p != nil {
+			in.ref = in.p.ProviderRef(in.intent)
+			in.st.Ref = in.ref
+		}
 	}
 	return in
+}
+
+// resourceWord is what the instance's resource is called in messages.
+func (in *instance) resourceWord() string {
+	if in.spec.Runtime == RuntimeNative {
+		return "process"
+	}
+	return "container"
+}
+
+// describe names the resource behind h: "container 0123456789ab" or
+// "process 4242".
+func (in *instance) describe(h InstanceHandle) string {
+	if in.spec.Runtime == RuntimeNative {
+		return "process " + h.ResourceID
+	}
+	return "container " + shortID(h.ResourceID)
 }
 
 func (in *instance) start(ctx context.Context, wg *sync.WaitGroup, fn func(*instance, context.Context)) {
@@ -136,11 +161,10 @@ func (in *instance) Observe(o Observation) {
 	case ObsExited, ObsFailed:
 		why := o.Reason
 		if o.Kind == ObsExited {
-			status := -1
+			why = "exited (exit status unknown: not this agent's child)"
 			if o.Status != nil {
-				status = *o.Status
+				why = exitedWith(*o.Status)
 			}
-			why = exitedWith(status)
 		}
 		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: why})
 		select {
@@ -162,6 +186,12 @@ func exitedWith(status int) string { return fmt.Sprintf("exited with status %d",
 func (in *instance) supervise(ctx context.Context) {
 	reg := in.m.cfg.Registrar
 	defer reg.DeregisterLocal(in.role)
+	if in.p == nil {
+		in.setState(StateError, in.pErr.Error())
+		in.emit(EventProvisionFailed, in.pErr.Error())
+		<-ctx.Done()
+		return
+	}
 	if !in.stopRole(ctx, in.ref) {
 		return
 	}
@@ -189,7 +219,7 @@ func (in *instance) supervise(ctx context.Context) {
 		// Stop what is left of the failed run (a process that stopped
 		// answering) so ensureRunning starts it afresh.
 		octx, cancel := in.opCtx(ctx)
-		if err := in.m.cfg.Provider.HaltInstance(octx, h); err != nil {
+		if err := in.p.HaltInstance(octx, h); err != nil {
 			in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
 		}
 		cancel()
@@ -234,7 +264,7 @@ func (in *instance) giveUp(ctx context.Context, h InstanceHandle, reason string)
 	// its logs for the operator.
 	octx, cancel := in.opCtx(ctx)
 	defer cancel()
-	if err := in.m.cfg.Provider.HaltInstance(octx, h); err != nil {
+	if err := in.p.HaltInstance(octx, h); err != nil {
 		in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
 	}
 }
@@ -249,12 +279,16 @@ func (in *instance) ensureRunning(ctx context.Context) (InstanceHandle, bool) {
 		h, adopted, err := in.tryEnsure(ctx)
 		if err == nil {
 			in.mu.Lock()
-			in.st.ContainerID = h.ResourceID
+			if in.spec.Runtime == RuntimeNative {
+				in.st.PID = int(h.ProcessID)
+			} else {
+				in.st.ContainerID = h.ResourceID
+			}
 			in.mu.Unlock()
 			if adopted {
-				in.emit(EventProvisionStart, "adopted running container "+shortID(h.ResourceID))
+				in.emit(EventProvisionStart, "adopted running "+in.describe(h))
 			} else {
-				in.emit(EventProvisionStart, "started container "+shortID(h.ResourceID))
+				in.emit(EventProvisionStart, "started "+in.describe(h))
 			}
 			return h, true
 		}
@@ -275,9 +309,9 @@ func (in *instance) ensureRunning(ctx context.Context) (InstanceHandle, bool) {
 }
 
 func (in *instance) tryEnsure(ctx context.Context) (InstanceHandle, bool, error) {
-	p := in.m.cfg.Provider
+	p := in.p
 	// Durable intent first: a crash from here on leaves an intent to adopt
-	// or clean up, never an untracked container.
+	// or clean up, never an untracked resource.
 	if err := in.m.cfg.Intents.PutIntent(in.ref, in.intent); err != nil {
 		return InstanceHandle{}, false, err
 	}
@@ -302,6 +336,12 @@ func (in *instance) tryEnsure(ctx context.Context) (InstanceHandle, bool, error)
 	in.setState(StateStarting, "")
 	if err := p.StartInstance(octx, h); err != nil {
 		return InstanceHandle{}, false, err
+	}
+	if h.ProcessID == 0 {
+		// A process has its id only once started.
+		if st, err := p.Status(octx, in.ref); err == nil && st.Pid > 0 && in.spec.Runtime == RuntimeNative {
+			h.ResourceID, h.ProcessID = st.ID, uint32(st.Pid)
+		}
 	}
 	return h, false, nil
 }
@@ -339,8 +379,9 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 			st, err := in.providerStatus(ctx)
 			switch {
 			case errors.Is(err, ErrNotFound):
-				in.emit(EventInstanceStopped, "container disappeared")
-				return "container disappeared"
+				msg := in.resourceWord() + " disappeared"
+				in.emit(EventInstanceStopped, msg)
+				return msg
 			case err != nil:
 				in.m.log.Warn("instance status", zap.String("role", in.role), zap.Error(err))
 			case !st.Running:
@@ -353,7 +394,7 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 			default:
 				endpoint = st.Endpoints[in.spec.Port]
 				if endpoint == "" {
-					return fmt.Sprintf("container port %d is not published on loopback", in.spec.Port)
+					return fmt.Sprintf("%s port %d is not published on loopback", in.resourceWord(), in.spec.Port)
 				}
 				in.mu.Lock()
 				in.st.Endpoint = endpoint
@@ -374,7 +415,7 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 						in.setState(StateReady, "")
 						in.emit(EventInstanceLive, "ready at http://"+endpoint)
 						octx, cancel := in.opCtx(ctx)
-						_ = cfg.Provider.MarkLive(octx, h)
+						_ = in.p.MarkLive(octx, h)
 						cancel()
 					}
 				}
@@ -416,7 +457,7 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 func (in *instance) providerStatus(ctx context.Context) (ResourceStatus, error) {
 	octx, cancel := in.opCtx(ctx)
 	defer cancel()
-	return in.m.cfg.Provider.Status(octx, in.ref)
+	return in.p.Status(octx, in.ref)
 }
 
 // probeOnce is one GET of the health path; any 2xx is healthy.
@@ -475,8 +516,13 @@ func (in *instance) tryStopRole(ctx context.Context, keep string) error {
 		if s.Role != in.role || ref == keep {
 			continue
 		}
+		p, err := in.m.provider(s.RuntimeName())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", ref, err))
+			continue
+		}
 		octx, cancel := in.opCtx(ctx)
-		found, err := in.m.cfg.Provider.StopBySpec(octx, s, in)
+		found, err := p.StopBySpec(octx, s, in)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("stop %s: %w", ref, err))
@@ -486,9 +532,9 @@ func (in *instance) tryStopRole(ctx context.Context, keep string) error {
 			errs = append(errs, err)
 			continue
 		}
-		what := "forgot intent of absent container"
+		what := "forgot the intent of an absent resource"
 		if found {
-			what = "stopped and removed container"
+			what = "stopped and removed"
 		}
 		in.logs.Add(LogLine{Time: time.Now(), Stream: "provider", Line: what + " " + ref})
 		in.m.log.Info(what, zap.String("role", in.role), zap.String("ref", ref))

@@ -212,3 +212,8 @@ type (
 )
 
 type placementLocal = placement.Local
+
+// docker is the Providers map of a Docker-only manager.
+func docker(p InstanceProvider) map[string]InstanceProvider {
+	return map[string]InstanceProvider{RuntimeDocker: p}
+}

@@ -31,26 +31,21 @@ type Registrar interface {
 var _ Registrar = (*placement.Table)(nil)
 
 // InstanceProvider is what the Manager needs from a runtime: the provider
-// contract plus status (published endpoint, running or not) and the scoped
-// label sweep. Safe for concurrent use; the Manager serializes calls per
-// role. *DockerProvider satisfies it.
+// contract plus status (endpoint, running or not). Safe for concurrent
+// use; the Manager serializes calls per role. *DockerProvider and
+// *NativeProvider satisfy it.
 type InstanceProvider interface {
 	Provider
 	// Status reports ref's resource; ErrNotFound when it does not exist.
 	Status(ctx context.Context, ref string) (ResourceStatus, error)
-	// ListManaged lists the resources owned by this agent (its site and
-	// node).
-	ListManaged(ctx context.Context) ([]ManagedContainer, error)
-	// RemoveManaged removes ref after re-checking ownership (ErrNotOwned).
-	RemoveManaged(ctx context.Context, ref string) error
 }
 
 var _ InstanceProvider = (*DockerProvider)(nil)
 
 // ResourceStatus is what Status reports about an instance's resource
-// (for Docker: its container).
+// (for Docker: its container; for a native instance: its process).
 type ResourceStatus struct {
-	ID        string
+	ID        string // container id, or pid
 	Running   bool
 	ExitCode  int
 	StartedAt time.Time
@@ -58,8 +53,9 @@ type ResourceStatus struct {
 	// Failure says why the runtime ended the last run when it knows, ""
 	// when the process exited by itself or runs: "out of memory: ...".
 	Failure string
-	// Endpoints maps container TCP ports to their published loopback
-	// address ("127.0.0.1:32768").
+	// Endpoints maps the instance's TCP ports to the loopback address
+	// they answer on ("127.0.0.1:32768": a container's published port; a
+	// native process's own port).
 	Endpoints map[int]string
 }
 
@@ -91,18 +87,23 @@ func (p RestartPolicy) withDefaults() RestartPolicy {
 // Defaults of InstanceSpec.
 const (
 	DefaultHealthPath = "/health"
-	DefaultRuntime    = "docker"
+	DefaultRuntime    = RuntimeDocker
 )
 
 // InstanceSpec is the desired local instance of one role (the config's
 // roles.<role>.instance). The Manager turns it into a ProvisionSpec per
 // attempt.
 type InstanceSpec struct {
+	// Image is a container's image (runtime docker).
 	Image string
-	Args  []string
-	Env   map[string]string
-	// Port is the port the server listens on inside the container; it is
-	// published on 127.0.0.1 at a port the engine picks.
+	// Command is a native instance's executable, an absolute path
+	// (runtime native).
+	Command string
+	Args    []string
+	Env     map[string]string
+	// Port is the port the server listens on: inside the container, which
+	// publishes it on 127.0.0.1 at a port the engine picks; or, for a
+	// native process, on 127.0.0.1 itself.
 	Port   int
 	Mounts []Mount
 	// Health is the readiness path probed with GET. Default
@@ -110,14 +111,30 @@ type InstanceSpec struct {
 	Health string
 	// Model is the model the instance knows (registered in placement).
 	Model string
-	// Runtime is reported in placement. Default DefaultRuntime.
+	// Runtime selects the provider (RuntimeDocker, RuntimeNative) and is
+	// reported in placement. Default DefaultRuntime.
 	Runtime string
 	Restart RestartPolicy
 }
 
 func (s InstanceSpec) validate() error {
-	if strings.TrimSpace(s.Image) == "" {
-		return errors.New("image is empty")
+	switch s.Runtime {
+	case "", RuntimeDocker:
+		if strings.TrimSpace(s.Image) == "" {
+			return errors.New("image is empty")
+		}
+		if s.Command != "" {
+			return errors.New("command is for runtime native; a container runs its image")
+		}
+	case RuntimeNative:
+		if !path.IsAbs(s.Command) {
+			return fmt.Errorf("command %q is not an absolute path", s.Command)
+		}
+		if s.Image != "" || len(s.Mounts) > 0 {
+			return errors.New("a native instance has no image and no mounts")
+		}
+	default:
+		return fmt.Errorf("runtime %q is not docker or native", s.Runtime)
 	}
 	if s.Port < 1 || s.Port > 65535 {
 		return fmt.Errorf("port %d out of range", s.Port)
@@ -153,7 +170,7 @@ func (s InstanceSpec) provisionSpec(role string, attempt uint64) ProvisionSpec {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(role))
-	return ProvisionSpec{
+	ps := ProvisionSpec{
 		InstanceID: h.Sum64(),
 		AttemptID:  attempt,
 		Image:      s.Image,
@@ -162,7 +179,12 @@ func (s InstanceSpec) provisionSpec(role string, attempt uint64) ProvisionSpec {
 		Mounts:     append([]Mount(nil), s.Mounts...),
 		Role:       role,
 		Ports:      []int{s.Port},
+		Command:    s.Command,
 	}
+	if s.Runtime != "" && s.Runtime != RuntimeDocker {
+		ps.Runtime = s.Runtime // Docker is "" in a ProvisionSpec
+	}
+	return ps
 }
 
 // InstanceState is where an instance is in its lifecycle.
@@ -184,10 +206,12 @@ const (
 type InstanceStatus struct {
 	Role        string
 	State       InstanceState
-	Ref         string // container name
+	Runtime     string
+	Ref         string // container name, or native workload ref
 	ContainerID string
-	Endpoint    string // published loopback address, "127.0.0.1:port"
-	Image       string
+	PID         int    // a native instance's process
+	Endpoint    string // loopback address it answers on, "127.0.0.1:port"
+	Image       string // image, or a native instance's command
 	Attempt     uint64
 	SpecHash    string
 	Restarts    int // restarts since this manager started supervising it
@@ -196,21 +220,12 @@ type InstanceStatus struct {
 	Since       time.Time // when State was entered
 }
 
-// Orphan is a container owned by this agent that nothing wants.
-type Orphan struct {
-	Ref     string
-	ID      string
-	Role    string
-	Attempt uint64
-	State   string
-	Removed bool
-	Error   string
-}
-
 // ManagerConfig configures a Manager. Zero values mean the default.
 type ManagerConfig struct {
-	// Provider runs the instances (required), e.g. a *DockerProvider.
-	Provider InstanceProvider
+	// Providers run the instances, by runtime name (RuntimeDocker,
+	// RuntimeNative); at least one is required. An instance whose runtime
+	// has no provider is in StateError.
+	Providers map[string]InstanceProvider
 	// Intents is the durable intent store (required).
 	Intents IntentStore
 	// Registrar is told when instances are ready or gone (required),
@@ -240,9 +255,6 @@ type ManagerConfig struct {
 	OpTimeout time.Duration
 	// LogLines is the per-instance recent-log buffer. Default 500.
 	LogLines int
-	// SweepOnStart removes orphans once after the first Apply. Default
-	// false here; the agent turns it on.
-	SweepOnStart bool
 }
 
 // DefaultManagerConfig returns the defaults (the required fields unset).
@@ -260,8 +272,13 @@ func DefaultManagerConfig() ManagerConfig {
 }
 
 func (c *ManagerConfig) fill() error {
-	if c.Provider == nil {
-		return errors.New("manager config: Provider is nil")
+	if len(c.Providers) == 0 {
+		return errors.New("manager config: Providers is empty")
+	}
+	for name, p := range c.Providers {
+		if p == nil {
+			return fmt.Errorf("manager config: Providers[%q] is nil", name)
+		}
 	}
 	if c.Intents == nil {
 		return errors.New("manager config: Intents is nil")
@@ -410,26 +427,12 @@ func (m *Manager) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	swept := false
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
 	for {
 		if pending := m.reconcile(ctx, &wg); pending {
 			retry.Reset(m.cfg.RetryBackoff)
-		}
-		m.mu.Lock()
-		applied := m.applied
-		m.mu.Unlock()
-		if applied && !swept && m.cfg.SweepOnStart {
-			swept = true
-			orphans, err := m.SweepOrphans(ctx, false)
-			if err != nil {
-				m.log.Warn("orphan sweep", zap.Error(err))
-			}
-			for _, o := range orphans {
-				m.log.Info("orphan container", zap.String("ref", o.Ref), zap.Bool("removed", o.Removed), zap.String("error", o.Error))
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -615,19 +618,14 @@ func (m *Manager) Logs(role string, n int) []LogLine {
 	return in.logs.Last(n)
 }
 
-// SweepOrphans finds containers labeled with this agent's site and node
-// that no intent and no instance wants, and removes them unless dryRun.
-// Containers of other nodes or sites, or without our labels, are never
-// listed (the provider re-checks labels client-side and again before
-// removing). Removal failures are reported per orphan and joined into err;
-// the sweep continues past them.
-func (m *Manager) SweepOrphans(ctx context.Context, dryRun bool) ([]Orphan, error) {
-	// Intents are written before containers are created and deleted after
-	// they are gone, so reading them before listing cannot miss a
-	// container being created.
+// Wanted returns the refs the manager still wants: those of its durable
+// intents (written before a resource is created, deleted after it is gone)
+// and of its instances. Everything else of this node and site is an orphan
+// (cleanup.Sweeper).
+func (m *Manager) Wanted() (map[string]bool, error) {
 	intents, err := m.cfg.Intents.Intents()
 	if err != nil {
-		return nil, fmt.Errorf("sweep: %w", err)
+		return nil, err
 	}
 	wanted := make(map[string]bool, len(intents))
 	for ref := range intents {
@@ -638,31 +636,20 @@ func (m *Manager) SweepOrphans(ctx context.Context, dryRun bool) ([]Orphan, erro
 			wanted[st.Ref] = true
 		}
 	}
-	lctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-	list, err := m.cfg.Provider.ListManaged(lctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("sweep: %w", err)
-	}
-	var out []Orphan
-	var errs []error
-	for _, c := range list {
-		if wanted[c.Ref] {
-			continue
-		}
-		o := Orphan{Ref: c.Ref, ID: c.ID, Role: c.Role, Attempt: c.Attempt, State: c.State}
-		if !dryRun {
-			rctx, cancel := context.WithTimeout(ctx, m.cfg.OpTimeout)
-			err := m.cfg.Provider.RemoveManaged(rctx, c.Ref)
-			cancel()
-			if err != nil {
-				o.Error = err.Error()
-				errs = append(errs, fmt.Errorf("sweep %s: %w", c.Ref, err))
-			} else {
-				o.Removed = true
-			}
-		}
-		out = append(out, o)
-	}
-	return out, errors.Join(errs...)
+	return wanted, nil
 }
+
+// provider returns the provider of a runtime.
+func (m *Manager) provider(runtime string) (InstanceProvider, error) {
+	if runtime == "" {
+		runtime = DefaultRuntime
+	}
+	p, ok := m.cfg.Providers[runtime]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNoProvider, runtime)
+	}
+	return p, nil
+}
+
+// ErrNoProvider: an instance's runtime has no provider in this agent.
+var ErrNoProvider = errors.New("no provider for the runtime")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -15,9 +16,11 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 	"go.etcd.io/bbolt"
 
+	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -80,7 +83,7 @@ func newMgrEnv(t *testing.T, site, dbPath string, api DockerAPI) *mgrEnv {
 		t.Fatal(err)
 	}
 	cfg := managerConfigForTest()
-	cfg.Provider, cfg.Intents, cfg.Registrar = e.p, e.intents, e.table
+	cfg.Providers, cfg.Intents, cfg.Registrar = docker(e.p), e.intents, e.table
 	cfg.Events = func(ev Event) {
 		e.mu.Lock()
 		e.events = append(e.events, ev)
@@ -114,6 +117,43 @@ func (e *mgrEnv) stop() {
 	}
 	e.p.Close()
 	e.db.Close()
+}
+
+// sweeper is the agent's orphan sweep over e's manager: Docker bound, node
+// n1, the given grace and clock (nil: time.Now).
+func (e *mgrEnv) sweeper(t *testing.T, grace time.Duration, now func() time.Time) *cleanup.Sweeper {
+	t.Helper()
+	api, ok := e.api.(HelperAPI)
+	if !ok {
+		api = helperless{e.api}
+	}
+	b, err := NewSiteCleanups(SiteCleanupsConfig{
+		Docker: api, Node: "n1", StopTimeout: time.Second,
+		Layout: cleanup.Layout{StateDir: t.TempDir(), CacheRoot: t.TempDir(), Site: e.site},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := b.SiteCleanup(cleanup.NewKindSet(cleanup.Docker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := cleanup.NewSweeper(cleanup.SweeperConfig{Cleanup: sc, Site: e.site, Node: "n1", Wanted: e.m.Wanted, Grace: grace, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sw
+}
+
+// helperless adds HelperAPI's image calls to a DockerAPI, failing them.
+type helperless struct{ DockerAPI }
+
+func (helperless) ImageImport(context.Context, image.ImportSource, string, image.ImportOptions) (io.ReadCloser, error) {
+	return nil, errors.New("no images here")
+}
+
+func (helperless) ImageRemove(context.Context, string, image.RemoveOptions) ([]image.DeleteResponse, error) {
+	return nil, errors.New("no images here")
 }
 
 func (e *mgrEnv) apply(desired map[string]InstanceSpec) {
@@ -407,18 +447,33 @@ func TestManagerSweepOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, dry := range []bool{true, false} {
-		got, err := e.m.SweepOrphans(ctx, dry)
-		if err != nil {
-			t.Fatalf("SweepOrphans(dry=%v): %v", dry, err)
-		}
-		if len(got) != 1 || got[0].Ref != orphan.Ref || got[0].Removed == dry {
-			t.Fatalf("SweepOrphans(dry=%v) = %+v, want only %s, removed %v", dry, got, orphan.Ref, !dry)
-		}
-		_, err = e.cli.ContainerInspect(ctx, orphan.ResourceID)
-		if gone := cerrdefs.IsNotFound(err); gone != !dry {
-			t.Errorf("after SweepOrphans(dry=%v) orphan gone = %v", dry, gone)
-		}
+	// The agent's sweep: targets n1 of the site, keeping what the manager
+	// wants and what is younger than the grace period.
+	now := time.Now()
+	sw := e.sweeper(t, time.Hour, func() time.Time { return now })
+	rep, err := sw.Sweep(ctx)
+	if err != nil {
+		t.Fatalf("Sweep within the grace period: %v", err)
+	}
+	if len(rep.Removed) != 0 {
+		t.Fatalf("Sweep within the grace period removed %+v, want nothing", rep.Removed)
+	}
+	if _, err := e.cli.ContainerInspect(ctx, orphan.ResourceID); err != nil {
+		t.Fatalf("a young orphan was removed: %v", err)
+	}
+	now = now.Add(2 * time.Hour)
+	rep, err = sw.Sweep(ctx)
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].Ref != orphan.Ref {
+		t.Fatalf("Sweep removed %+v, want only %s", rep.Removed, orphan.Ref)
+	}
+	if !sw.Succeeded() {
+		t.Errorf("Succeeded() = false after a clean sweep")
+	}
+	if _, err := e.cli.ContainerInspect(ctx, orphan.ResourceID); !cerrdefs.IsNotFound(err) {
+		t.Errorf("orphan still there after the sweep: %v", err)
 	}
 	for _, id := range []string{wanted.ContainerID, otherNode.ResourceID, otherSiteH.ResourceID, unlabeled} {
 		if _, err := e.cli.ContainerInspect(ctx, id); err != nil {
@@ -559,8 +614,14 @@ func TestManagerDeadDaemon(t *testing.T) {
 	if !strings.Contains(st.LastError, ErrDaemonUnreachable.Error()) {
 		t.Errorf("LastError = %q, want it to say the daemon is unreachable", st.LastError)
 	}
-	if _, err := e.m.SweepOrphans(context.Background(), true); !errors.Is(err, ErrDaemonUnreachable) {
-		t.Errorf("SweepOrphans = %v, want ErrDaemonUnreachable", err)
+	// The sweep binds Docker (the manager runs containers): unreachable,
+	// it fails closed and has not succeeded.
+	sw := e.sweeper(t, time.Nanosecond, nil)
+	if _, err := sw.Sweep(context.Background()); !errors.Is(err, cleanup.ErrUnreachable) || !errors.Is(err, ErrDaemonUnreachable) {
+		t.Errorf("Sweep = %v, want ErrUnreachable", err)
+	}
+	if sw.Succeeded() {
+		t.Errorf("Succeeded() = true after a failed sweep")
 	}
 	e.stop() // Run returns nil promptly even while retrying
 }

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
+
+	"github.com/infermesh/infermesh/cleanup"
 )
 
 // ProvisionSpec is what a provider is asked to provision: one attempt of
@@ -34,9 +37,36 @@ type ProvisionSpec struct {
 	// Role is the infermesh role the instance serves; "" for an instance
 	// outside any role, which is then named by run and instance id.
 	Role string `json:"role,omitempty"`
-	// Ports are container TCP ports published on the host's loopback only.
+	// Ports are container TCP ports published on the host's loopback only;
+	// for a native instance, the one port its process listens on.
 	Ports []int `json:"ports,omitempty"`
+	// Runtime is the provider's runtime: "" (Docker, what every intent
+	// written before native instances means) or RuntimeNative.
+	Runtime string `json:"runtime,omitempty"`
+	// Command is a native instance's executable (absolute path); Image is
+	// then empty.
+	Command string `json:"command,omitempty"`
 }
+
+// Runtimes of instances. A ProvisionSpec names Docker by "" (see
+// ProvisionSpec.Runtime); configuration and status use the names.
+const (
+	RuntimeDocker    = string(cleanup.Docker)
+	RuntimeNative    = string(cleanup.Native)
+	RuntimeSimulated = string(cleanup.Simulated)
+)
+
+// RuntimeName is the runtime of the spec, by name.
+func (s ProvisionSpec) RuntimeName() string {
+	if s.Runtime == "" {
+		return RuntimeDocker
+	}
+	return s.Runtime
+}
+
+// reservedEnv are the variables the native runtime sets in every
+// instance's environment; a spec may not set them.
+var reservedEnv = []string{"INFERMESH_SITE", "INFERMESH_NODE", "INFERMESH_ROLE", "INFERMESH_WORKLOAD", TokenEnv, "INFERMESH_CACHE_DIR"}
 
 // UnmarshalJSON decodes a spec. Intents written before instances had their
 // own word name the instance id "node_id", as the reference design's wire
@@ -103,8 +133,31 @@ func (s ProvisionSpec) Validate() error {
 	if s.AttemptID == 0 {
 		return ErrTemplateSpec
 	}
-	if strings.TrimSpace(s.Image) == "" {
-		return errors.New("spec: image is empty")
+	switch s.Runtime {
+	case "":
+		if strings.TrimSpace(s.Image) == "" {
+			return errors.New("spec: image is empty")
+		}
+		if s.Command != "" {
+			return errors.New("spec: command is for native instances; a container runs its image")
+		}
+	case RuntimeNative:
+		if !path.IsAbs(s.Command) {
+			return fmt.Errorf("spec: command %q is not an absolute path", s.Command)
+		}
+		if s.Image != "" || len(s.Mounts) > 0 {
+			return errors.New("spec: a native instance has no image and no mounts")
+		}
+		if len(s.Ports) != 1 {
+			return fmt.Errorf("spec: a native instance listens on one port, not %d", len(s.Ports))
+		}
+		for i, e := range s.Env {
+			if slices.Contains(reservedEnv, e.Name) {
+				return fmt.Errorf("spec: env[%d]: %s is set by the native runtime", i, e.Name)
+			}
+		}
+	default:
+		return fmt.Errorf("spec: runtime %q is not docker or native", s.Runtime)
 	}
 	for i, e := range s.Env {
 		if e.Name == "" || strings.ContainsAny(e.Name, "=\x00") {
@@ -127,22 +180,25 @@ func (s ProvisionSpec) Validate() error {
 	return nil
 }
 
-// Hash is a digest of what runs (role, image, env, args, mounts, ports) —
-// not of the identifiers (run, instance, attempt), which live in the
-// resource's name and labels. Two specs with equal hashes yield
-// interchangeable containers; a resource whose hash differs is stale. The
-// digest of a given content never changes across versions: running
+// Hash is a digest of what runs (role, image, env, args, mounts, ports,
+// runtime, command) — not of the identifiers (run, instance, attempt),
+// which live in the resource's name and labels. Two specs with equal hashes
+// yield interchangeable resources; a resource whose hash differs is stale.
+// The digest of a given content never changes across versions: running
 // containers carry it in their spec-hash label, and a new digest would make
-// every one of them stale.
+// every one of them stale. So fields added later are left out of the digest
+// while empty: a Docker spec hashes as it always did.
 func (s ProvisionSpec) Hash() string {
 	content := struct {
-		Role   string   `json:"role"`
-		Image  string   `json:"image"`
-		Env    []EnvVar `json:"env"`
-		Args   []string `json:"args"`
-		Mounts []Mount  `json:"mounts"`
-		Ports  []int    `json:"ports"`
-	}{s.Role, s.Image, s.Env, s.Args, s.Mounts, s.Ports}
+		Role    string   `json:"role"`
+		Image   string   `json:"image"`
+		Env     []EnvVar `json:"env"`
+		Args    []string `json:"args"`
+		Mounts  []Mount  `json:"mounts"`
+		Ports   []int    `json:"ports"`
+		Runtime string   `json:"runtime,omitempty"`
+		Command string   `json:"command,omitempty"`
+	}{s.Role, s.Image, s.Env, s.Args, s.Mounts, s.Ports, s.Runtime, s.Command}
 	b, err := json.Marshal(content)
 	if err != nil {
 		// Only strings, ints and bools: cannot fail.

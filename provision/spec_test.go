@@ -106,7 +106,7 @@ func TestSpecHashAndNameAreStableAcrossReleases(t *testing.T) {
 	if got, want := role.Hash(), "ca666038e40292fd"; got != want {
 		t.Errorf("hash of the previous release's role spec = %s, want %s", got, want)
 	}
-	if got, want := containerName("default", "a", role), "infermesh-default-a-chat-3"; got != want {
+	if got, want := resourceName("default", "a", role), "infermesh-default-a-chat-3"; got != want {
 		t.Errorf("container name = %s, want %s", got, want)
 	}
 }

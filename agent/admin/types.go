@@ -225,10 +225,12 @@ type ReloadResult struct {
 type Instance struct {
 	Role        string    `json:"role"`
 	State       string    `json:"state"`
+	Runtime     string    `json:"runtime,omitempty"` // docker, native
 	Ref         string    `json:"ref,omitempty"`
 	ContainerID string    `json:"container_id,omitempty"`
+	PID         int       `json:"pid,omitempty"` // a native instance's process
 	Endpoint    string    `json:"endpoint,omitempty"`
-	Image       string    `json:"image,omitempty"`
+	Image       string    `json:"image,omitempty"` // image, or a native instance's command
 	Restarts    int       `json:"restarts"`
 	LastError   string    `json:"last_error,omitempty"`
 	Since       time.Time `json:"since"`

@@ -3,7 +3,7 @@
 //
 //	d := DefaultConfig()
 //	defaults.Positive(&c.Timeout, d.Timeout)
-//	defaults.Zero(&c.Target, d.Target)
+//	defaults.Zero(&c.Name, d.Name)
 //
 // Which test means "unset" is the caller's choice and is part of the
 // field's documented contract: Positive for durations, counts and sizes

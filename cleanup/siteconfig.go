@@ -1,0 +1,145 @@
+package cleanup
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/infermesh/infermesh/placement"
+)
+
+// ErrConfigUnreadable wraps every reason a site's configuration could not
+// be read. A cleanup of such a site selects every binding kind, each bound.
+var ErrConfigUnreadable = errors.New("configuration cannot be read")
+
+// SiteConfig is what a stopped-site operation needs from the agent's
+// configuration file: the site's identity, where it keeps things, and the
+// runtime binding kinds its roles use.
+type SiteConfig struct {
+	Path        string
+	Site        string
+	Node        string
+	StateDir    string
+	CacheRoot   string
+	AdminSocket string
+	// Bound is the set of binding kinds the roles' instances declare.
+	Bound KindSet
+}
+
+// Layout is where the site keeps things.
+func (c SiteConfig) Layout() Layout {
+	return Layout{StateDir: c.StateDir, CacheRoot: c.CacheRoot, Site: c.Site}
+}
+
+// ReadSiteConfig reads the agent's configuration file at path for a
+// stopped-site operation. See ParseSiteConfig.
+func ReadSiteConfig(path string) (SiteConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return SiteConfig{}, fmt.Errorf("%w: %w", ErrConfigUnreadable, err)
+	}
+	c, err := ParseSiteConfig(data)
+	if err != nil {
+		return SiteConfig{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.Path = path
+	return c, nil
+}
+
+// ParseSiteConfig reads what a stopped-site operation needs from a
+// configuration, with the agent's defaults. It is lenient where the agent
+// is strict: keys it does not need are ignored, so a configuration written
+// for another version still says which site this is and what it binds. An
+// instance's runtime key that this version does not know is an
+// *UnknownBindingError naming the field; data that is not a configuration
+// at all wraps ErrConfigUnreadable.
+func ParseSiteConfig(data []byte) (SiteConfig, error) {
+	var raw struct {
+		Site string `yaml:"site"`
+		Node struct {
+			Name     string `yaml:"name"`
+			StateDir string `yaml:"state_dir"`
+			CacheDir string `yaml:"cache_dir"`
+		} `yaml:"node"`
+		Admin struct {
+			Socket string `yaml:"socket"`
+		} `yaml:"admin"`
+		Roles map[string]struct {
+			Instance *struct {
+				Runtime string `yaml:"runtime"`
+			} `yaml:"instance"`
+		} `yaml:"roles"`
+	}
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
+		return SiteConfig{}, fmt.Errorf("%w: %w", ErrConfigUnreadable, err)
+	}
+	c := SiteConfig{
+		Site:        raw.Site,
+		Node:        raw.Node.Name,
+		StateDir:    raw.Node.StateDir,
+		CacheRoot:   raw.Node.CacheDir,
+		AdminSocket: raw.Admin.Socket,
+	}
+	if err := c.fill(); err != nil {
+		return SiteConfig{}, fmt.Errorf("%w: %w", ErrConfigUnreadable, err)
+	}
+	roles := make([]string, 0, len(raw.Roles))
+	for name := range raw.Roles {
+		roles = append(roles, name)
+	}
+	slices.Sort(roles)
+	for _, name := range roles {
+		in := raw.Roles[name].Instance
+		if in == nil {
+			continue // a static upstream binds no runtime
+		}
+		k, err := ParseKind(in.Runtime)
+		if err != nil {
+			return SiteConfig{}, fmt.Errorf("roles.%s.instance.runtime: %w", name, err)
+		}
+		c.Bound.Add(k)
+	}
+	return c, nil
+}
+
+// fill applies the agent's defaults and checks the identity: the site and
+// node names become path elements.
+func (c *SiteConfig) fill() error {
+	if c.Site == "" {
+		c.Site = DefaultSite
+	}
+	if c.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("node.name: not set and the host name is unknown: %w", err)
+		}
+		c.Node = h
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.CacheRoot == "" {
+		c.CacheRoot = DefaultCacheRoot
+	}
+	if c.AdminSocket == "" {
+		c.AdminSocket = DefaultAdminSocket
+	}
+	if err := placement.ValidateNode(c.Site); err != nil {
+		return fmt.Errorf("site: %w", err)
+	}
+	if err := placement.ValidateNode(c.Node); err != nil {
+		return fmt.Errorf("node.name: %w", err)
+	}
+	for field, dir := range map[string]string{"node.state_dir": c.StateDir, "node.cache_dir": c.CacheRoot} {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("%s: %q is not an absolute path", field, dir)
+		}
+	}
+	return nil
+}
