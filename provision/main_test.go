@@ -20,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
 
+	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
 	"github.com/infermesh/infermesh/placement"
 )
@@ -47,6 +48,9 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if demoBinDir != "" {
+		os.RemoveAll(demoBinDir)
+	}
 	if imageBuilt.Load() {
 		if err := removeTestImage(); err != nil {
 			fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
@@ -59,6 +63,33 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// The static demo model binary the native tests run, built once.
+var (
+	demoBinOnce sync.Once
+	demoBinDir  string
+	demoBinPath string
+	demoBinErr  error
+)
+
+// demoBinary returns the path of the static demo model binary
+// (cmd/infermesh-demo), building it on first use.
+func demoBinary(t *testing.T) string {
+	t.Helper()
+	demoBinOnce.Do(func() {
+		demoBinDir, demoBinErr = os.MkdirTemp("", "provision-demo-")
+		if demoBinErr != nil {
+			return
+		}
+		var bins map[string]string
+		bins, demoBinErr = testbin.Build(demoBinDir, "./cmd/infermesh-demo")
+		demoBinPath = bins["infermesh-demo"]
+	})
+	if demoBinErr != nil {
+		t.Fatalf("building the demo model binary: %v", demoBinErr)
+	}
+	return demoBinPath
 }
 
 // requireEngine is where every test that runs containers starts: it skips

@@ -572,18 +572,24 @@ func (p *NativeProvider) watchLocked(n *nativeInstance, ref string, run *nativeR
 			}
 		}
 		o := Observation{Kind: ObsExited, RunID: spec.RunID, InstanceID: spec.InstanceID, Ref: ref}
+		// Reap it when it is this process's child: the one it started, or
+		// one an earlier provider in this process started and this one
+		// adopted. Any other process's child is not ours to wait for
+		// (ECHILD), and its status is unknown.
+		flags := unix.WNOHANG
 		if run.child {
-			var ws unix.WaitStatus
-			if _, err := unix.Wait4(run.pid, &ws, 0, nil); err == nil {
-				switch {
-				case ws.Signaled():
-					status := 128 + int(ws.Signal())
-					o.Kind, o.Status = ObsFailed, &status
-					o.Reason = fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
-				case ws.Exited():
-					status := ws.ExitStatus()
-					o.Status = &status
-				}
+			flags = 0
+		}
+		var ws unix.WaitStatus
+		if wpid, err := unix.Wait4(run.pid, &ws, flags, nil); err == nil && wpid == run.pid {
+			switch {
+			case ws.Signaled():
+				status := 128 + int(ws.Signal())
+				o.Kind, o.Status = ObsFailed, &status
+				o.Reason = fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
+			case ws.Exited():
+				status := ws.ExitStatus()
+				o.Status = &status
 			}
 		}
 		p.markExited(n, ref, run, o.Status)
