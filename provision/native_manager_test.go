@@ -113,8 +113,8 @@ func (nm *nativeMgr) hasEvent(kind EventKind, substr string) bool {
 func nativeInstanceSpec(t *testing.T, port int, args ...string) InstanceSpec {
 	return InstanceSpec{
 		Runtime: RuntimeNative, Command: demoBinary(t),
-		Args:  append([]string{"-listen", "127.0.0.1:" + strconv.Itoa(port), "-model", "m-chat"}, args...),
-		Port:  port, Model: "m-chat",
+		Args: append([]string{"-listen", "127.0.0.1:" + strconv.Itoa(port), "-model", "m-chat"}, args...),
+		Port: port, Model: "m-chat",
 		Restart: RestartPolicy{Max: 3, Window: time.Minute, Backoff: 50 * time.Millisecond},
 	}
 }
