@@ -143,3 +143,18 @@ func (c *SiteConfig) fill() error {
 	}
 	return nil
 }
+
+// SelectKinds is the binding kinds a stopped-site operation selects, given
+// what ReadSiteConfig returned: the configuration's own, or every kind when
+// it could not be read (then every runtime is bound: none may be skipped).
+// An unknown binding is returned as is: nothing may proceed.
+func SelectKinds(c SiteConfig, readErr error) (KindSet, error) {
+	switch {
+	case readErr == nil:
+		return c.Bound, nil
+	case errors.Is(readErr, ErrConfigUnreadable):
+		return AllKinds(), nil
+	default:
+		return KindSet{}, readErr
+	}
+}
