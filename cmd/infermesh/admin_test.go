@@ -18,7 +18,12 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if binsDir != "" {
+			os.RemoveAll(binsDir)
+		}
+		os.Exit(code)
+	}))
 }
 
 // fakeAgent serves fake on a fresh socket and returns the socket path.

@@ -56,6 +56,20 @@ var commands []func(*app) *cobra.Command
 
 func register(f func(*app) *cobra.Command) { commands = append(commands, f) }
 
+// subcommands attach to a group another file registers (node leave joins
+// the node group), so files adding to one group do not touch each other.
+var subcommands []struct {
+	parent string
+	f      func(*app) *cobra.Command
+}
+
+func registerSub(parent string, f func(*app) *cobra.Command) {
+	subcommands = append(subcommands, struct {
+		parent string
+		f      func(*app) *cobra.Command
+	}{parent, f})
+}
+
 func newRoot(a *app) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "infermesh",
@@ -74,6 +88,19 @@ func newRoot(a *app) *cobra.Command {
 	root.PersistentFlags().DurationVar(&a.wait, "wait", admin.DefaultWait, "how long to keep trying to reach an agent that is starting")
 	for _, f := range commands {
 		root.AddCommand(f(a))
+	}
+	for _, s := range subcommands {
+		var parent *cobra.Command
+		for _, c := range root.Commands() {
+			if c.Name() == s.parent {
+				parent = c
+			}
+		}
+		if parent == nil {
+			parent = &cobra.Command{Use: s.parent, Short: "Operate on " + s.parent + "s"}
+			root.AddCommand(parent)
+		}
+		parent.AddCommand(s.f(a))
 	}
 	return root
 }
