@@ -19,7 +19,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if binsDir != "" {
+			os.RemoveAll(binsDir)
+		}
+		os.Exit(code)
+	}))
 }
 
 // runAgent starts a with cfg and stops it at cleanup.
