@@ -8,17 +8,24 @@
 // for a role: a container or a process. Everything in this package is about
 // instances unless its name says Node; the only node it knows today is its
 // own, whose name scopes what it owns (DockerConfig.Node, the
-// io.infermesh.node label).
+// io.infermesh.node label) and is the execution target its resources are
+// attributed to (the io.infermesh.target label, a workload record's
+// target).
 //
 //   - attempt: one concrete incarnation of an instance (AttemptID >= 1). A
 //     changed spec makes a new attempt; a restart does not.
 //   - run: a group of attempts provisioned together (RunID). A role's
 //     instance belongs to no run (0).
+//   - runtime: how an instance runs: docker (a container), native (a
+//     process on the host) or simulated (the built-in demo model, served
+//     inside the agent: nothing here provisions it).
 //   - provider: what acquires and releases the resources of instances for a
-//     runtime (Provider; the Docker runtime's is DockerProvider).
-//   - resource: what a provider holds for an attempt: a container. Its ref is
-//     its stable provider-side address (the container name, derived from the
-//     spec); its resource id is the engine's id.
+//     runtime (Provider; DockerProvider, NativeProvider).
+//   - resource: what a provider holds for an attempt: a container or a
+//     process. Its ref is its stable provider-side address (the name derived
+//     from the spec); its resource id is the engine's id, or the pid.
+//   - workload record: a native instance's ownership evidence
+//     (WorkloadRecord), in its node folder under the site root.
 //   - intent: an attempt's ProvisionSpec, written to the IntentStore before
 //     its resource is created and deleted after the resource is gone.
 //   - observation: what a provider saw of a running instance (output lines,
@@ -27,17 +34,19 @@
 //
 // # What it owns, and what not
 //
-// It owns the instance provider contract, the Docker provider, the instance
-// Manager (create or adopt, probe, register in placement, restart within a
-// policy, sweep this node's orphans) and the intent store's bucket. It does
-// not own the placement table (package placement), the configuration (agent),
-// serving requests (proxy), or site-wide cleanup across nodes and runtimes
-// (cleanup, seed 004): the Manager's orphan sweep covers only this node's
-// containers of this site.
+// It owns the instance provider contract, the Docker and native providers,
+// the instance Manager (create or adopt, probe, register in placement,
+// restart within a policy), the intent store's bucket, and the runtimes'
+// side of site cleanup (SiteCleanups: the cleanup.Backends of Docker and
+// native resources). It does not own the placement table (package
+// placement), the configuration (agent), serving requests (proxy), or the
+// rules and order of site cleanup (cleanup, seed 004): the agent's orphan
+// sweep is a cleanup.Sweeper over SiteCleanups, keeping what
+// Manager.Wanted returns.
 //
 // # Layers
 //
-// Three layers, each usable on its own:
+// The layers, each usable on its own:
 //
 //   - The provider contract (Provider, ProvisionSpec, Observation, Event): how
 //     a runtime acquires, adopts and releases one concrete instance attempt.
@@ -50,13 +59,18 @@
 //     deterministic name and io.infermesh.* ownership labels, publish their
 //     port on 127.0.0.1 only, and are only ever removed after their labels
 //     were re-checked client-side (fail closed).
+//   - NativeProvider: the contract over processes on this host. A process
+//     leads its own session and process group (it outlives the agent and
+//     is stopped as a group), writes its output to log files the agent
+//     follows, and is known by its workload record: pid, start time,
+//     executable, boot and a token in its environment, written before it
+//     starts and checked before it is adopted or stopped. A pid alone is
+//     never trusted.
 //   - Manager: turns the roles' desired instances (InstanceSpec) into
-//     running, probed, supervised containers registered in placement. Intent
-//     is written to the IntentStore before any container is created, so an
-//     agent crash at any point leaves something to adopt or to clean up.
-//
-// A new runtime for instances (say, native processes) is a fourth piece
-// beside DockerProvider: an InstanceProvider the Manager drives.
+//     running, probed, supervised containers or processes registered in
+//     placement, through one InstanceProvider per runtime. Intent is written
+//     to the IntentStore before any resource is created, so an agent crash
+//     at any point leaves something to adopt or to clean up.
 //
 // # Glossary: seed 000, the provision plugin contract
 //
@@ -83,9 +97,11 @@
 //	  StdoutLine, StderrLine      ObsStdout, ObsStderr
 //	  TelemetryFrame              ObsTelemetry (none from Docker: DockerProvider)
 //	  ProviderLine                ObsProvider
-//	  Exited{status}              ObsExited (Status)
+//	  Exited{status}              ObsExited (Status; nil for a native
+//	                              process this agent did not start)
 //	  Failed{reason}              ObsFailed (Reason): killed out of memory,
-//	                              container vanished
+//	                              container vanished, process killed by a
+//	                              signal
 //	ProvisionLogLine, LogStream   LogLine in the instance's LogRing
 //	PluginObservationSink         Sink
 //	PluginSink                    Sink, SinkFunc

@@ -14,8 +14,9 @@ import (
 )
 
 // The Docker provider's inventory: what this agent's containers are and
-// what state they are in, beyond the provider contract. The Manager uses it
-// (InstanceProvider) for status and the orphan sweep.
+// what state they are in, beyond the provider contract. The Manager uses
+// Status (InstanceProvider); the orphan sweep is a site cleanup
+// (DockerSiteCleanup), which lists by site and attributes by target.
 
 // ListManagedRefs lists the names of this site's and node's containers.
 func (p *DockerProvider) ListManagedRefs(ctx context.Context) ([]string, error) {

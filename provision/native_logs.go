@@ -1,7 +1,6 @@
 package provision
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -187,22 +186,4 @@ func (t *tailer) rotate(f *os.File) {
 	if err := os.Truncate(t.path, 0); err == nil {
 		t.offset = 0
 	}
-}
-
-// lastLines returns up to n last lines of path (for a record's log when the
-// instance is not watched).
-func lastLines(path string, n int) []string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte{'\n'})
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	out := make([]string, 0, len(lines))
-	for _, l := range lines {
-		out = append(out, string(l))
-	}
-	return out
 }
