@@ -64,12 +64,38 @@ func TestParseConfigFull(t *testing.T) {
 	}
 }
 
+func TestParseConfigRuntimes(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+node: {name: a, cache_dir: /srv/cache}
+roles:
+  chat: {port: 1, model: m, instance: {runtime: native, command: /usr/bin/llama-server, args: [--port, "8080"], env: {A: b}, port: 8080}}
+  demo: {port: 2, model: d, instance: {runtime: simulated}}
+  embed: {port: 3, instance: {image: x, port: 8080}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Node.CacheDir != "/srv/cache" {
+		t.Errorf("node.cache_dir = %q", cfg.Node.CacheDir)
+	}
+	if in := cfg.Roles["chat"].Instance; in.Health != "/health" || in.Restart.Max != 5 {
+		t.Errorf("native defaults = %+v", in)
+	}
+	desired := cfg.desiredInstances()
+	if len(desired) != 2 || desired["chat"].Command != "/usr/bin/llama-server" || desired["chat"].Runtime != "native" || desired["embed"].Runtime != "docker" {
+		t.Errorf("desired instances = %+v, want chat (native) and embed (docker); a simulated one is served by the agent", desired)
+	}
+	if got := cfg.boundKinds().Kinds(); len(got) != 3 {
+		t.Errorf("bound kinds = %v, want docker, native, simulated", got)
+	}
+}
+
 func TestParseConfigEmptyIsValid(t *testing.T) {
 	cfg, err := ParseConfig(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Node.StateDir != DefaultStateDir || cfg.Admin.Socket != DefaultAdminSocket || cfg.Site != DefaultSite {
+	if cfg.Node.StateDir != DefaultStateDir || cfg.Node.CacheDir != DefaultCacheDir || cfg.Admin.Socket != DefaultAdminSocket || cfg.Site != DefaultSite {
 		t.Errorf("defaults = %+v", cfg)
 	}
 }
@@ -106,6 +132,17 @@ func TestParseConfigErrors(t *testing.T) {
 		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "admin.metrics"},
 		{"bad node name", "node: {name: '-x'}\n", "node.name"},
 		{"not yaml", "node: [\n", "yaml"},
+		{"unknown runtime", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: futureRuntime, image: x, port: 1}}\n", `roles.chat.instance.runtime: "futureRuntime" is not docker, native or simulated`},
+		{"native without command", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, port: 1}}\n", "roles.chat.instance.command: is required"},
+		{"native relative command", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, command: llama-server, port: 1}}\n", "roles.chat.instance.command"},
+		{"native with image", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, command: /bin/x, image: y, port: 1}}\n", "roles.chat.instance.image: is not used by runtime native"},
+		{"native with mounts", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, command: /bin/x, port: 1, mounts: [{host: /a, container: /b}]}}\n", "roles.chat.instance.mounts"},
+		{"native without port", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, command: /bin/x}}\n", "roles.chat.instance.port"},
+		{"docker with command", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x, command: /bin/x, port: 1}}\n", "roles.chat.instance.command: is not used by runtime docker"},
+		{"simulated with a port", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: simulated, port: 8080}}\n", "roles.chat.instance.port: is not used by runtime simulated"},
+		{"simulated with args", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: simulated, args: [x]}}\n", "roles.chat.instance.args"},
+		{"relative cache dir", "node: {name: a, cache_dir: cache}\n", "node.cache_dir"},
+		{"bad env name", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x, port: 1, env: {'A=B': c}}}\n", "roles.chat.instance.env"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -335,3 +335,36 @@ func deleteSite(t *testing.T, l cleanup.Layout, node string) {
 		t.Errorf("deleting the test site: %v", err)
 	}
 }
+
+// TestSimulatedInstance: a role whose instance is simulated is served by the
+// built-in demo model inside the agent, pinned to the role's model; nothing
+// is provisioned for it.
+func TestSimulatedInstance(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`node: {name: a, state_dir: %s, cache_dir: %s/cache}
+admin: {socket: %s/admin.sock}
+roles:
+  chat: {port: %d, model: tiny, instance: {runtime: simulated}}
+`, dir, dir, dir, freeLoopbackPort(t))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := runAgent(t, cfg, Options{})
+	waitFor(t, "the simulated instance to register", func() bool { return len(a.Table().Resolve("chat")) == 1 })
+	if c := a.Table().Resolve("chat")[0]; c.Model != "tiny" {
+		t.Errorf("candidate = %+v, want model tiny", c)
+	}
+	addr, _ := a.RoleAddr("chat")
+	resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("chat: %s", resp.Status)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sites")); !os.IsNotExist(err) {
+		t.Errorf("a simulated instance made a site root: %v", err)
+	}
+}

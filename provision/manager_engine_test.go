@@ -446,6 +446,21 @@ func TestManagerSweepOrphans(t *testing.T) {
 	if _, err := e.cli.ContainerCreate(ctx, &container.Config{Image: testImage}, nil, nil, nil, unlabeled); err != nil {
 		t.Fatal(err)
 	}
+	// Containers an older agent created, whose target label says "docker":
+	// attributed to their node label, so n1's is this agent's orphan and
+	// n2's is not.
+	legacy := func(node string) string {
+		p := newTestProvider(t, e.cli, site, node)
+		spec := demoSpec("legacy", 1)
+		cc, hc := p.buildConfig(spec)
+		cc.Labels[LabelTarget] = LegacyTargetDocker
+		resp, err := e.cli.ContainerCreate(ctx, cc, hc, nil, nil, p.ProviderRef(spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.ID
+	}
+	legacyMine, legacyTheirs := legacy("n1"), legacy("n2")
 
 	// The agent's sweep: targets n1 of the site, keeping what the manager
 	// wants and what is younger than the grace period.
@@ -466,8 +481,8 @@ func TestManagerSweepOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
-	if len(rep.Removed) != 1 || rep.Removed[0].Ref != orphan.Ref {
-		t.Fatalf("Sweep removed %+v, want only %s", rep.Removed, orphan.Ref)
+	if len(rep.Removed) != 2 || rep.Removed[0].ID != legacyMine || rep.Removed[1].Ref != orphan.Ref {
+		t.Fatalf("Sweep removed %+v, want only %s and n1's legacy container", rep.Removed, orphan.Ref)
 	}
 	if !sw.Succeeded() {
 		t.Errorf("Succeeded() = false after a clean sweep")
@@ -475,7 +490,7 @@ func TestManagerSweepOrphans(t *testing.T) {
 	if _, err := e.cli.ContainerInspect(ctx, orphan.ResourceID); !cerrdefs.IsNotFound(err) {
 		t.Errorf("orphan still there after the sweep: %v", err)
 	}
-	for _, id := range []string{wanted.ContainerID, otherNode.ResourceID, otherSiteH.ResourceID, unlabeled} {
+	for _, id := range []string{wanted.ContainerID, otherNode.ResourceID, otherSiteH.ResourceID, unlabeled, legacyTheirs} {
 		if _, err := e.cli.ContainerInspect(ctx, id); err != nil {
 			t.Errorf("container %s touched by the sweep: %v", id, err)
 		}
