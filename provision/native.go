@@ -29,8 +29,9 @@ type NativeConfig struct {
 	// workload records and log files live there. Required, absolute.
 	Dir string
 	// CacheDir is this node's workload cache (cleanup.Layout.NodeCache):
-	// each instance runs in CacheDir/<role>, which is also its HOME and
-	// INFERMESH_CACHE_DIR. Required, absolute.
+	// each instance runs in CacheDir/<role>, which is also its HOME, TMPDIR
+	// (unless its env sets them) and INFERMESH_CACHE_DIR. Required,
+	// absolute.
 	CacheDir string
 	// StopTimeout is the grace period between SIGTERM and SIGKILL.
 	// Default 10s.
@@ -409,7 +410,9 @@ func (p *NativeProvider) spawnLocked(n *nativeInstance, ref string, rec Workload
 	}
 	outFrom, errFrom := fileSize(outPath), fileSize(errPath)
 
-	env := []string{"PATH=" + p.cfg.Path, "HOME=" + work}
+	// TMPDIR is the cache too: under systemd the unit's private /tmp is
+	// replaced when the agent restarts, and the process outlives that.
+	env := []string{"PATH=" + p.cfg.Path, "HOME=" + work, "TMPDIR=" + work}
 	for _, e := range spec.Env {
 		env = append(env, e.Name+"="+e.Value)
 	}
