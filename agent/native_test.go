@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 
@@ -42,25 +42,6 @@ func staticBins(t *testing.T) map[string]string {
 		t.Fatalf("building binaries: %v", binsErr)
 	}
 	return bins
-}
-
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func healthOK(c *http.Client, port int) bool {
-	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 // agentProc is infermeshd run as its own process.
@@ -140,7 +121,7 @@ func workloadProcesses(ref string) int {
 func TestNativeInstanceSurvivesAgentKill(t *testing.T) {
 	b := staticBins(t)
 	dir := t.TempDir()
-	port, rolePort := freeLoopbackPort(t), freeLoopbackPort(t)
+	port, rolePort := testproc.FreePort(t), testproc.FreePort(t)
 	site := fmt.Sprintf("agentkill%x", time.Now().UnixNano()&0xffffff)
 	sock := filepath.Join(dir, "admin.sock")
 	config := filepath.Join(dir, "infermesh.yaml")
@@ -173,8 +154,6 @@ roles:
 	probed := make(chan struct{})
 	go func() {
 		defer close(probed)
-		hc := &http.Client{Timeout: 2 * time.Second}
-		defer hc.CloseIdleConnections()
 		for {
 			select {
 			case <-stopProbe:
@@ -182,7 +161,7 @@ roles:
 			default:
 			}
 			probes.Add(1)
-			if !healthOK(hc, port) {
+			if !testproc.Healthy(port) {
 				failures.Add(1)
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -255,7 +234,7 @@ func TestAgentSweepsNativeOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		port := freeLoopbackPort(t)
+		port := testproc.FreePort(t)
 		spec := provision.ProvisionSpec{AttemptID: 1, Role: "old", Runtime: provision.RuntimeNative, Command: b["infermesh-demo"],
 			Args: []string{"-listen", "127.0.0.1:" + strconv.Itoa(port)}, Ports: []int{port}}
 		h, err := p.CreateInstance(ctx, spec, nil)
@@ -271,13 +250,13 @@ func TestAgentSweepsNativeOrphans(t *testing.T) {
 	_, mine := orphan("a")
 	_, theirs := orphan("b")
 
-	port := freeLoopbackPort(t)
+	port := testproc.FreePort(t)
 	cfg, err := ParseConfig([]byte(fmt.Sprintf(`site: %s
 node: {name: a, state_dir: %s, cache_dir: %s}
 admin: {socket: %s/admin.sock}
 roles:
   chat: {port: %d, model: m, instance: {runtime: native, command: %s, args: [-listen, "127.0.0.1:%d", -model, m], port: %d}}
-`, site, layout.StateDir, layout.CacheRoot, dir, freeLoopbackPort(t), b["infermesh-demo"], port, port)))
+`, site, layout.StateDir, layout.CacheRoot, dir, testproc.FreePort(t), b["infermesh-demo"], port, port)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +324,7 @@ func TestSimulatedInstance(t *testing.T) {
 admin: {socket: %s/admin.sock}
 roles:
   chat: {port: %d, model: tiny, instance: {runtime: simulated}}
-`, dir, dir, dir, freeLoopbackPort(t))))
+`, dir, dir, dir, testproc.FreePort(t))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,21 +1,17 @@
 package cleanup_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/image"
 	"go.uber.org/goleak"
 
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
-	"github.com/infermesh/infermesh/provision"
 )
 
 // runID makes this run's site names unique on the shared engine.
@@ -27,11 +23,9 @@ var siteSeq atomic.Int64
 // end.
 var testImage = fmt.Sprintf("%s-cleanup-%s", testimage.Tag, runID)
 
-var (
-	imageOnce  sync.Once
-	imageErr   error
-	imageBuilt atomic.Bool
+var testImg = &testimage.Lazy{Tag: testImage}
 
+var (
 	binOnce sync.Once
 	binDir  string
 	bins    map[string]string
@@ -40,16 +34,8 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if imageBuilt.Load() {
-		if cli, err := provision.NewDockerClient(); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, err = cli.ImageRemove(ctx, testImage, image.RemoveOptions{PruneChildren: true})
-			cancel()
-			cli.Close()
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "cleanup tests: remove test image:", err)
-			}
-		}
+	if err := testImg.Remove(); err != nil {
+		fmt.Fprintln(os.Stderr, "cleanup tests: remove test image:", err)
 	}
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -65,25 +51,7 @@ func TestMain(m *testing.M) {
 
 // requireEngine builds the test image once; an engine that cannot build it
 // fails the test (it is never skipped outside -short).
-func requireEngine(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("runs containers on the Docker engine; skipped in -short mode only")
-	}
-	imageOnce.Do(func() {
-		root, err := filepath.Abs("..")
-		if err == nil {
-			err = testimage.Build(root, testImage)
-		}
-		if err == nil {
-			imageBuilt.Store(true)
-		}
-		imageErr = err
-	})
-	if imageErr != nil {
-		t.Fatalf("building the test image %s: %v", testImage, imageErr)
-	}
-}
+func requireEngine(t *testing.T) { testImg.Require(t) }
 
 // binary returns a static build of a command of this module (the demo model
 // as native instances' command, the CLI as the root-owned data helper).

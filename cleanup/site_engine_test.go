@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 
@@ -192,7 +192,7 @@ func (f *fixture) nativeOf(node string) *provision.NativeProvider {
 func (f *fixture) process(node, role string) int {
 	f.t.Helper()
 	ctx := context.Background()
-	port := freePort(f.t)
+	port := testproc.FreePort(f.t)
 	spec := provision.ProvisionSpec{
 		InstanceID: 2, AttemptID: 1, Role: role, Runtime: provision.RuntimeNative, Command: binary(f.t, "infermesh-demo"),
 		Args: []string{"-listen", "127.0.0.1:" + strconv.Itoa(port)}, Ports: []int{port},
@@ -206,7 +206,7 @@ func (f *fixture) process(node, role string) int {
 	if err := p.StartInstance(ctx, h); err != nil {
 		f.t.Fatal(err)
 	}
-	waitUntil(f.t, role+" on "+node+" to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(f.t, role+" on "+node+" to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 	st, err := p.Status(ctx, h.Ref)
 	if err != nil || !st.Running {
 		f.t.Fatalf("Status = %+v, %v", st, err)
@@ -227,47 +227,6 @@ func (f *fixture) writeRecord(node, ref string, r provision.WorkloadRecord) stri
 		f.t.Fatal(err)
 	}
 	return path
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func answers(port int) bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// alive reports whether pid is a live (not zombie) process.
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
-}
-
-func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func refs(rs []cleanup.Resource) []string {
@@ -340,10 +299,10 @@ func TestScopes(t *testing.T) {
 	if got := refs(out.Removed); len(got) != 2 || !strings.Contains(got[0], aC.Ref) || !strings.Contains(got[1], "-a-embed-1") {
 		t.Errorf("targets a removed %v", got)
 	}
-	if f.exists(aC.ResourceID) || alive(aP) {
-		t.Errorf("a's container (%v) or process (%v) survived targets a", f.exists(aC.ResourceID), alive(aP))
+	if f.exists(aC.ResourceID) || testproc.Alive(aP) {
+		t.Errorf("a's container (%v) or process (%v) survived targets a", f.exists(aC.ResourceID), testproc.Alive(aP))
 	}
-	if !f.exists(bC.ResourceID) || !alive(bP) {
+	if !f.exists(bC.ResourceID) || !testproc.Alive(bP) {
 		t.Fatalf("b's container or process did not survive targets a")
 	}
 	if _, err := os.Stat(filepath.Join(f.layout.NodeDir("a"), "workloads", "infermesh-"+f.site+"-a-embed-1.json")); !errors.Is(err, fs.ErrNotExist) {
@@ -359,8 +318,8 @@ func TestScopes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Removed) != 2 || f.exists(bC.ResourceID) || alive(bP) {
-		t.Errorf("site cleanup removed %v; b's container exists %v, process alive %v", refs(out.Removed), f.exists(bC.ResourceID), alive(bP))
+	if len(out.Removed) != 2 || f.exists(bC.ResourceID) || testproc.Alive(bP) {
+		t.Errorf("site cleanup removed %v; b's container exists %v, process alive %v", refs(out.Removed), f.exists(bC.ResourceID), testproc.Alive(bP))
 	}
 	if out, err := s.Cleanup(ctx, cleanup.SiteScope(), false); err != nil || len(out.Removed) != 0 {
 		t.Errorf("second site cleanup = %v, %v", refs(out.Removed), err)
@@ -451,9 +410,9 @@ func TestUnattributableFailsClosed(t *testing.T) {
 			if !errors.Is(err, cleanup.ErrUnattributable) || !strings.Contains(err.Error(), bad) {
 				t.Errorf("cleanup = %v, want ErrUnattributable naming %s", err, bad)
 			}
-			if len(out.Removed) != 0 || !f.exists(aC.ResourceID) || !alive(aP) || !f.exists(bC.ResourceID) {
+			if len(out.Removed) != 0 || !f.exists(aC.ResourceID) || !testproc.Alive(aP) || !f.exists(bC.ResourceID) {
 				t.Fatalf("a failed cleanup removed %v (a's container %v, a's process %v, b's container %v)",
-					refs(out.Removed), f.exists(aC.ResourceID), alive(aP), f.exists(bC.ResourceID))
+					refs(out.Removed), f.exists(aC.ResourceID), testproc.Alive(aP), f.exists(bC.ResourceID))
 			}
 			// The whole site: attribution does not matter.
 			out, err = s.Cleanup(ctx, cleanup.SiteScope(), false)
@@ -494,7 +453,7 @@ func TestUnreachableDocker(t *testing.T) {
 						t.Errorf("err = %v, want ErrUnreachable saying Docker is bound", err)
 					}
 				}
-				if !alive(pid) {
+				if !testproc.Alive(pid) {
 					t.Error("a failed cleanup stopped the native process")
 				}
 				return
@@ -507,8 +466,8 @@ func TestUnreachableDocker(t *testing.T) {
 					t.Errorf("skipped = %+v, want the Docker runtime with its reason", sk)
 				}
 			}
-			if len(out.Removed) != 1 || alive(pid) {
-				t.Errorf("removed %v (process alive %v), want the native process removed", refs(out.Removed), alive(pid))
+			if len(out.Removed) != 1 || testproc.Alive(pid) {
+				t.Errorf("removed %v (process alive %v), want the native process removed", refs(out.Removed), testproc.Alive(pid))
 			}
 			if !f.exists(c.ResourceID) {
 				t.Error("the container on the real engine was removed through a dead client")
@@ -626,8 +585,8 @@ func TestForgedRecordsRefused(t *testing.T) {
 					t.Errorf("%s = %v, want ErrRefused naming %s and saying %q", name, err, path, tt.why)
 				}
 			}
-			if !alive(pid) || !alive(real) || !f.exists(c.ResourceID) {
-				t.Errorf("after the refusals: unrelated process %v, the site's process %v, its container %v; want all untouched", alive(pid), alive(real), f.exists(c.ResourceID))
+			if !testproc.Alive(pid) || !testproc.Alive(real) || !f.exists(c.ResourceID) {
+				t.Errorf("after the refusals: unrelated process %v, the site's process %v, its container %v; want all untouched", testproc.Alive(pid), testproc.Alive(real), f.exists(c.ResourceID))
 			}
 			if _, err := os.Stat(path); err != nil {
 				t.Errorf("the refused record was removed: %v", err)
@@ -684,7 +643,7 @@ func TestResetDeleteLeave(t *testing.T) {
 
 	// A dry run finds and removes nothing.
 	out, err := s.Delete(ctx, true)
-	if err != nil || len(out.Found) != 4 || len(out.Removed) != 0 || !f.exists(aC.ResourceID) || !alive(aP) {
+	if err != nil || len(out.Found) != 4 || len(out.Removed) != 0 || !f.exists(aC.ResourceID) || !testproc.Alive(aP) {
 		t.Fatalf("dry-run delete = found %v removed %v, %v", refs(out.Found), refs(out.Removed), err)
 	}
 
@@ -694,13 +653,13 @@ func TestResetDeleteLeave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Removed) != 2 || f.exists(aC.ResourceID) || alive(aP) || out.Intents != 1 || intents() != 0 {
+	if len(out.Removed) != 2 || f.exists(aC.ResourceID) || testproc.Alive(aP) || out.Intents != 1 || intents() != 0 {
 		t.Errorf("leave removed %v, intents forgotten %d", refs(out.Removed), out.Intents)
 	}
 	if exists(f.layout.NodeDir("a")) || exists(aCache) {
 		t.Errorf("a's node folder (%v) or cache (%v) left", exists(f.layout.NodeDir("a")), exists(aCache))
 	}
-	if !f.exists(bC.ResourceID) || !alive(bP) || !exists(f.layout.NodeDir("b")) || !exists(bCache) {
+	if !f.exists(bC.ResourceID) || !testproc.Alive(bP) || !exists(f.layout.NodeDir("b")) || !exists(bCache) {
 		t.Fatal("leave touched b's")
 	}
 
@@ -711,7 +670,7 @@ func TestResetDeleteLeave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Removed) != 2 || f.exists(bC.ResourceID) || alive(bP) || intents() != 0 {
+	if len(out.Removed) != 2 || f.exists(bC.ResourceID) || testproc.Alive(bP) || intents() != 0 {
 		t.Errorf("reset removed %v", refs(out.Removed))
 	}
 	if !exists(f.layout.SiteRoot()) || !exists(bCache) {

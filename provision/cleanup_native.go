@@ -35,23 +35,16 @@ type nativeFinder struct {
 	node   string // every record must name it ("" : any node, but always its folder's)
 }
 
-// classified is one record's resource and what it was found as.
-type classified struct {
-	res cleanup.Resource
-	rec WorkloadRecord
-	ev  Evidence
-}
-
 // classify reads and checks every record in scope. Records of another
 // well-formed target are left out; anything that cannot be attributed or
 // trusted fails the whole pass.
-func (f nativeFinder) classify(scope cleanup.Scope) ([]classified, error) {
+func (f nativeFinder) classify(scope cleanup.Scope) ([]cleanup.Resource, error) {
 	recs, err := findRecords(f.root, f.isNode)
 	if err != nil {
 		return nil, fmt.Errorf("workload records under %s: %w", f.root, err)
 	}
 	var (
-		out      []classified
+		out      []cleanup.Resource
 		refusals []string
 		unattrib []string
 	)
@@ -85,7 +78,7 @@ func (f nativeFinder) classify(scope cleanup.Scope) ([]classified, error) {
 			refusals = append(refusals, fmt.Sprintf("%s: %s", lr.Path, ev.Why))
 			continue
 		}
-		out = append(out, classified{res: describeNative(lr.Path, rec, ev), rec: rec, ev: ev})
+		out = append(out, describeNative(lr.Path, rec, ev))
 	}
 	if len(refusals) > 0 {
 		return nil, fmt.Errorf("%w: %s", cleanup.ErrRefused, strings.Join(refusals, "; "))
@@ -187,15 +180,7 @@ func (n *NativeSiteCleanup) Name() string { return NativeRuntimeName }
 
 // Discover implements cleanup.Runtime.
 func (n *NativeSiteCleanup) Discover(ctx context.Context, site string, scope cleanup.Scope) ([]cleanup.Resource, error) {
-	cs, err := nativeFinder{root: n.siteRoot, site: site}.classify(scope)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]cleanup.Resource, 0, len(cs))
-	for _, c := range cs {
-		out = append(out, c.res)
-	}
-	return out, nil
+	return nativeFinder{root: n.siteRoot, site: site}.classify(scope)
 }
 
 // Remove implements cleanup.Runtime.
@@ -219,15 +204,7 @@ func (l *nativeLocated) RuntimeName() string { return NativeRuntimeName }
 
 // Inventory implements cleanup.LocatedWorkloads.
 func (l *nativeLocated) Inventory(ctx context.Context) ([]cleanup.Resource, error) {
-	cs, err := l.find.classify(cleanup.SiteScope())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]cleanup.Resource, 0, len(cs))
-	for _, c := range cs {
-		out = append(out, c.res)
-	}
-	return out, nil
+	return l.find.classify(cleanup.SiteScope())
 }
 
 // Cleanup implements cleanup.LocatedWorkloads: every record is classified
@@ -241,12 +218,12 @@ func (l *nativeLocated) Cleanup(ctx context.Context) ([]cleanup.Resource, error)
 		removed []cleanup.Resource
 		errs    []error
 	)
-	for _, c := range cs {
-		if err := removeClassified(ctx, c.res, l.find.site, cleanup.SiteScope(), l.stopTimeout); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", c.res.Ref, err))
+	for _, r := range cs {
+		if err := removeClassified(ctx, r, l.find.site, cleanup.SiteScope(), l.stopTimeout); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Ref, err))
 			continue
 		}
-		removed = append(removed, c.res)
+		removed = append(removed, r)
 	}
 	return removed, errors.Join(errs...)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
@@ -32,29 +30,21 @@ import (
 // under a running test, and it is removed when the tests end.
 var testImage = fmt.Sprintf("%s-provision-%s", testimage.Tag, runID)
 
+var testImg = &testimage.Lazy{Tag: testImage}
+
 // runID makes this test run's site names unique, so parallel runs (and
 // other engineers' runs) on one engine never see each other's containers.
 var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
 
 var siteSeq atomic.Int64
 
-// The image is built once, by the first engine test that needs it, so the
-// tests that need no engine run whatever state the engine is in.
-var (
-	imageOnce  sync.Once
-	imageErr   error
-	imageBuilt atomic.Bool
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if demoBinDir != "" {
 		os.RemoveAll(demoBinDir)
 	}
-	if imageBuilt.Load() {
-		if err := removeTestImage(); err != nil {
-			fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
-		}
+	if err := testImg.Remove(); err != nil {
+		fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
 	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -95,37 +85,7 @@ func demoBinary(t *testing.T) string {
 // requireEngine is where every test that runs containers starts: it skips
 // in -short mode only, and otherwise builds the test image once and fails
 // the test (never skips it) when the engine cannot build it.
-func requireEngine(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("runs containers on the Docker engine; skipped in -short mode only")
-	}
-	imageOnce.Do(func() {
-		root, err := filepath.Abs("..")
-		if err == nil {
-			err = testimage.Build(root, testImage)
-		}
-		if err == nil {
-			imageBuilt.Store(true)
-		}
-		imageErr = err
-	})
-	if imageErr != nil {
-		t.Fatalf("building the test image %s (the engine tests need it; -short skips them): %v", testImage, imageErr)
-	}
-}
-
-func removeTestImage() error {
-	cli, err := NewDockerClient()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err = cli.ImageRemove(ctx, testImage, image.RemoveOptions{PruneChildren: true})
-	return err
-}
+func requireEngine(t *testing.T) { testImg.Require(t) }
 
 // engineSite requires the engine (requireEngine) and returns a site name
 // unique to this test run and test. It registers a cleanup that

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
-	"path"
 	"reflect"
 	"sort"
 	"strings"
@@ -117,42 +116,14 @@ type InstanceSpec struct {
 	Restart RestartPolicy
 }
 
+// validate checks what the Manager adds to a provider spec (the health
+// path), then the provider spec of any attempt: one set of rules for the
+// image or command, port, environment and mounts.
 func (s InstanceSpec) validate() error {
-	switch s.Runtime {
-	case "", RuntimeDocker:
-		if strings.TrimSpace(s.Image) == "" {
-			return errors.New("image is empty")
-		}
-		if s.Command != "" {
-			return errors.New("command is for runtime native; a container runs its image")
-		}
-	case RuntimeNative:
-		if !path.IsAbs(s.Command) {
-			return fmt.Errorf("command %q is not an absolute path", s.Command)
-		}
-		if s.Image != "" || len(s.Mounts) > 0 {
-			return errors.New("a native instance has no image and no mounts")
-		}
-	default:
-		return fmt.Errorf("runtime %q is not docker or native", s.Runtime)
-	}
-	if s.Port < 1 || s.Port > 65535 {
-		return fmt.Errorf("port %d out of range", s.Port)
-	}
 	if s.Health != "" && !strings.HasPrefix(s.Health, "/") {
 		return fmt.Errorf("health %q does not start with /", s.Health)
 	}
-	for k := range s.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return fmt.Errorf("env: bad name %q", k)
-		}
-	}
-	for i, m := range s.Mounts {
-		if !path.IsAbs(m.HostPath) || !path.IsAbs(m.ContainerPath) {
-			return fmt.Errorf("mounts[%d]: paths must be absolute", i)
-		}
-	}
-	return nil
+	return s.provisionSpec("", 1).Validate()
 }
 
 // provisionSpec is the provider spec of the role's instance at attempt.

@@ -739,31 +739,38 @@ func (p *NativeProvider) removeResidue(ref string) error {
 	return errors.Join(removeRecord(p.recordPath(ref)), removeLogs(p.cfg.Dir, ref))
 }
 
+// lookupSpec reads spec's record and checks its evidence. ok is false when
+// there is no record or it is of another content (hash); a record whose
+// evidence is forged is an error.
+func (p *NativeProvider) lookupSpec(spec ProvisionSpec) (ref string, rec WorkloadRecord, ev Evidence, ok bool, err error) {
+	ref = p.ProviderRef(spec)
+	rec, err = p.readOwned(ref)
+	if errors.Is(err, fs.ErrNotExist) {
+		return ref, rec, ev, false, nil
+	}
+	if err != nil {
+		return ref, rec, ev, false, err
+	}
+	if rec.SpecHash != spec.Hash() {
+		return ref, rec, ev, false, nil
+	}
+	if ev, err = rec.Check(); err != nil {
+		return ref, rec, ev, false, fmt.Errorf("%s: %w", ref, err)
+	}
+	if ev.Liveness == Forged {
+		return ref, rec, ev, false, fmt.Errorf("%s: %w: %s", ref, ErrNotOwned, ev.Why)
+	}
+	return ref, rec, ev, true, nil
+}
+
 // AdoptBySpec adopts spec's process if its record is ours, has spec's hash
 // and its evidence holds: it is followed from its last LogTail lines. A
 // process that is gone (or whose pid another process has now) is not
 // adopted (ok false); a record whose evidence is forged is an error.
 func (p *NativeProvider) AdoptBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (AdoptedInstance, bool, error) {
-	ref := p.ProviderRef(spec)
-	rec, err := p.readOwned(ref)
-	if errors.Is(err, fs.ErrNotExist) {
-		return AdoptedInstance{}, false, nil
-	}
-	if err != nil {
+	ref, rec, ev, ok, err := p.lookupSpec(spec)
+	if err != nil || !ok || ev.Liveness != Alive {
 		return AdoptedInstance{}, false, err
-	}
-	if rec.SpecHash != spec.Hash() {
-		return AdoptedInstance{}, false, nil
-	}
-	ev, err := rec.Check()
-	if err != nil {
-		return AdoptedInstance{}, false, fmt.Errorf("adopt %s: %w", ref, err)
-	}
-	switch ev.Liveness {
-	case Forged:
-		return AdoptedInstance{}, false, fmt.Errorf("adopt %s: %w: %s", ref, ErrNotOwned, ev.Why)
-	case Gone, Reused:
-		return AdoptedInstance{}, false, nil
 	}
 	n := p.register(ref, spec, sink)
 	n.mu.Lock()
@@ -784,37 +791,20 @@ func (p *NativeProvider) AdoptBySpec(ctx context.Context, spec ProvisionSpec, si
 // any state) without starting anything. It never starts a process: ok is
 // false when there is no record.
 func (p *NativeProvider) PrepareBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (AdoptedInstance, bool, error) {
-	ref := p.ProviderRef(spec)
-	rec, err := p.readOwned(ref)
-	if errors.Is(err, fs.ErrNotExist) {
-		return AdoptedInstance{}, false, nil
-	}
-	if err != nil {
+	ref, rec, ev, ok, err := p.lookupSpec(spec)
+	if err != nil || !ok {
 		return AdoptedInstance{}, false, err
 	}
-	if rec.SpecHash != spec.Hash() {
-		return AdoptedInstance{}, false, nil
-	}
-	ev, err := rec.Check()
-	if err != nil {
-		return AdoptedInstance{}, false, fmt.Errorf("prepare %s: %w", ref, err)
-	}
-	if ev.Liveness == Forged {
-		return AdoptedInstance{}, false, fmt.Errorf("prepare %s: %w: %s", ref, ErrNotOwned, ev.Why)
-	}
 	n := p.register(ref, spec, sink)
-	running := false
+	pid := 0
 	if ev.Liveness == Alive {
 		n.mu.Lock()
-		err := p.attachLocked(n, ref, rec, ev, true)
+		if p.attachLocked(n, ref, rec, ev, true) == nil {
+			pid = ev.Pid
+		}
 		n.mu.Unlock()
-		running = err == nil
 	}
-	pid := 0
-	if running {
-		pid = ev.Pid
-	}
-	return AdoptedInstance{Handle: p.handle(spec, ref, pid), Ref: ref, Running: running}, true, nil
+	return AdoptedInstance{Handle: p.handle(spec, ref, pid), Ref: ref, Running: pid > 0}, true, nil
 }
 
 // StopBySpec stops spec's process group if its record is ours (whatever its

@@ -13,6 +13,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -91,7 +92,7 @@ func (nm *nativeMgr) apply(desired map[string]InstanceSpec) {
 func (nm *nativeMgr) waitState(role string, what string, pred func(InstanceStatus, bool) bool) InstanceStatus {
 	nm.t.Helper()
 	var st InstanceStatus
-	waitUntil(nm.t, role+" "+what, 60*time.Second, func() bool {
+	testproc.WaitUntil(nm.t, role+" "+what, 60*time.Second, func() bool {
 		var ok bool
 		st, ok = nm.m.Instance(role)
 		return pred(st, ok)
@@ -125,7 +126,7 @@ func nativeInstanceSpec(t *testing.T, port int, args ...string) InstanceSpec {
 func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	e := newNativeEnv(t)
 	dbPath := filepath.Join(t.TempDir(), "state.db")
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	nm := newNativeMgr(t, e, dbPath)
 	nm.apply(map[string]InstanceSpec{"chat": nativeInstanceSpec(t, port)})
 	st := nm.waitState("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
@@ -159,7 +160,7 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	// restarted.
 	second := st.PID
 	nm.stop()
-	if !alive(second) || !answers(port) {
+	if !testproc.Alive(second) || !testproc.Healthy(port) {
 		t.Fatal("the process did not outlive its manager")
 	}
 	nm2 := newNativeMgr(t, e, dbPath)
@@ -178,14 +179,14 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 func TestManagerNativeGivesUp(t *testing.T) {
 	e := newNativeEnv(t)
 	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
-	spec := nativeInstanceSpec(t, freePort(t), "-no-such-flag")
+	spec := nativeInstanceSpec(t, testproc.FreePort(t), "-no-such-flag")
 	spec.Restart.Max = 2
 	nm.apply(map[string]InstanceSpec{"chat": spec})
 	st := nm.waitState("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
 	if st.Restarts != 2 || !strings.Contains(st.LastError, "gave up after 2 restarts") || !strings.Contains(st.LastError, "exited with status") {
 		t.Errorf("failed instance = %+v", st)
 	}
-	waitUntil(t, "a provision_failed event", 10*time.Second, func() bool { return nm.hasEvent(EventProvisionFailed, "gave up") })
+	testproc.WaitUntil(t, "a provision_failed event", 10*time.Second, func() bool { return nm.hasEvent(EventProvisionFailed, "gave up") })
 	found := false
 	for _, l := range nm.m.Logs("chat", 0) {
 		found = found || (l.Stream == "stderr" && strings.Contains(l.Line, "flag provided but not defined"))
@@ -200,7 +201,7 @@ func TestManagerNativeGivesUp(t *testing.T) {
 func TestManagerNativeRoleRemoved(t *testing.T) {
 	e := newNativeEnv(t)
 	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	spec := nativeInstanceSpec(t, port)
 	spec.Command = "/bin/sh"
 	spec.Args = []string{"-c", fmt.Sprintf("sleep 1000 & exec %s -listen 127.0.0.1:%d -model m-chat", demoBinary(t), port)}

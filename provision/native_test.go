@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 // nativeEnv is one node's native runtime in temporary directories.
@@ -62,17 +61,6 @@ func (e *nativeEnv) killAll() {
 	}
 }
 
-// freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // nativeSpec serves the demo model as a native process on port.
 func nativeSpec(t *testing.T, role string, attempt uint64, port int) ProvisionSpec {
 	return ProvisionSpec{
@@ -84,38 +72,11 @@ func nativeSpec(t *testing.T, role string, attempt uint64, port int) ProvisionSp
 	}
 }
 
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func answers(port int) bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func alive(pid int) bool {
-	_, err := readProcStat(pid)
-	return err == nil
-}
-
 func TestNativeLifecycle(t *testing.T) {
 	e := newNativeEnv(t)
 	p := e.provider()
 	ctx := context.Background()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	spec := nativeSpec(t, "chat", 1, port)
 	rec := newRecorder()
 
@@ -133,7 +94,7 @@ func TestNativeLifecycle(t *testing.T) {
 	if err := p.StartInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the process to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(t, "the process to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 
 	// The record is the process's evidence, and every part of it holds.
 	r, err = readRecord(recordPath(e.dir, h.Ref))
@@ -176,7 +137,7 @@ func TestNativeLifecycle(t *testing.T) {
 	if err := p.HaltInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	if alive(first) {
+	if testproc.Alive(first) {
 		t.Fatalf("pid %d alive after HaltInstance", first)
 	}
 	end, _ := rec.waitFor(t, 10*time.Second, func(o Observation) bool { return o.Kind == ObsExited || o.Kind == ObsFailed })
@@ -189,9 +150,9 @@ func TestNativeLifecycle(t *testing.T) {
 	if err := p.StartInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the restarted process to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(t, "the restarted process to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 	r, _ = readRecord(recordPath(e.dir, h.Ref))
-	if r.Pid == first || !alive(r.Pid) {
+	if r.Pid == first || !testproc.Alive(r.Pid) {
 		t.Errorf("restarted pid %d (first %d)", r.Pid, first)
 	}
 
@@ -199,7 +160,7 @@ func TestNativeLifecycle(t *testing.T) {
 	if err := p.StopInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	if alive(r.Pid) {
+	if testproc.Alive(r.Pid) {
 		t.Errorf("pid %d alive after StopInstance", r.Pid)
 	}
 	out, errp := logPaths(e.dir, h.Ref)
@@ -221,7 +182,7 @@ func TestNativeLifecycle(t *testing.T) {
 func TestNativeAdoption(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	spec := nativeSpec(t, "chat", 1, port)
 
 	p1 := e.provider()
@@ -232,10 +193,10 @@ func TestNativeAdoption(t *testing.T) {
 	if err := p1.StartInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the process to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(t, "the process to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 	r, _ := readRecord(recordPath(e.dir, h.Ref))
 	p1.Close()
-	if !alive(r.Pid) || !answers(port) {
+	if !testproc.Alive(r.Pid) || !testproc.Healthy(port) {
 		t.Fatalf("the process did not outlive its provider")
 	}
 
@@ -279,7 +240,7 @@ func TestNativeAdoption(t *testing.T) {
 func TestNativeFindsAProcessItsRecordMissed(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	spec := nativeSpec(t, "chat", 1, port)
 	p := e.provider()
 	h, err := p.CreateInstance(ctx, spec, nil)
@@ -299,7 +260,7 @@ func TestNativeFindsAProcessItsRecordMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitUntil(t, "the process to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(t, "the process to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 
 	a, ok, err := e.provider().AdoptBySpec(ctx, spec, nil)
 	if err != nil || !ok || int(a.Handle.ProcessID) != cmd.Process.Pid {
@@ -316,7 +277,7 @@ func TestNativeFindsAProcessItsRecordMissed(t *testing.T) {
 func TestNativeStopKillsTheGroup(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	spec := nativeSpec(t, "chat", 1, port)
 	// A wrapper that leaves a child behind and execs the server.
 	spec.Command = "/bin/sh"
@@ -329,7 +290,7 @@ func TestNativeStopKillsTheGroup(t *testing.T) {
 	if err := p.StartInstance(ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the process to answer", 20*time.Second, func() bool { return answers(port) })
+	testproc.WaitUntil(t, "the process to answer", 20*time.Second, func() bool { return testproc.Healthy(port) })
 	r, _ := readRecord(recordPath(e.dir, h.Ref))
 	if err := p.MarkLive(ctx, h); err != nil {
 		t.Fatal(err)
@@ -412,7 +373,7 @@ func TestNativeEvidence(t *testing.T) {
 	if _, err := (WorkloadRecord{State: "paused"}).Check(); err == nil {
 		t.Errorf("Check of an unknown state = nil error")
 	}
-	if !alive(pid) {
+	if !testproc.Alive(pid) {
 		t.Fatal("checking evidence touched the unrelated process")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 // socketProxy forwards connections on a unix socket to the real Docker
@@ -117,7 +118,7 @@ func TestSweeperRetriesUntilItSucceeded(t *testing.T) {
 		defer mu.Unlock()
 		return len(outcomes)
 	}
-	waitUntil(t, "two failed sweeps", 30*time.Second, func() bool { return failures() >= 2 })
+	testproc.WaitUntil(t, "two failed sweeps", 30*time.Second, func() bool { return failures() >= 2 })
 	if sw.Succeeded() {
 		t.Fatal("Succeeded() while the daemon is unreachable")
 	}
@@ -129,7 +130,7 @@ func TestSweeperRetriesUntilItSucceeded(t *testing.T) {
 	}
 	mu.Unlock()
 	proxy.start(t)
-	waitUntil(t, "a successful sweep", 30*time.Second, sw.Succeeded)
+	testproc.WaitUntil(t, "a successful sweep", 30*time.Second, sw.Succeeded)
 	if _, err := testClient(t).ContainerInspect(ctx, orphan.ResourceID); !cerrdefs.IsNotFound(err) {
 		t.Errorf("orphan still there after the sweep succeeded: %v", err)
 	}

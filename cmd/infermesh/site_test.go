@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +21,7 @@ import (
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 
@@ -78,46 +76,6 @@ func newSiteEnv(t *testing.T, dir, name, roles string) siteEnv {
 	return e
 }
 
-func cliFreePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func healthy(port int) bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func live(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && b[i+2] != 'Z'
-}
-
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestSiteCommands drives every stopped-site command against what a real
 // agent left running: a native instance it started, and containers of this
 // node and another on the real engine.
@@ -141,10 +99,10 @@ func TestSiteCommands(t *testing.T) {
 		cli.ImageRemove(ctx, tag, image.RemoveOptions{PruneChildren: true})
 		cli.Close()
 	})
-	port := cliFreePort(t)
+	port := testproc.FreePort(t)
 	e := newSiteEnv(t, t.TempDir(), "cmds", fmt.Sprintf(
 		"  chat: {port: %d, model: m, instance: {runtime: native, command: %s, args: [-listen, 127.0.0.1:%d, -model, m], port: %d}}\n",
-		cliFreePort(t), bins["infermesh-demo"], port, port))
+		testproc.FreePort(t), bins["infermesh-demo"], port, port))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -175,7 +133,7 @@ func TestSiteCommands(t *testing.T) {
 	aC, bC := containerOf("a"), containerOf("b")
 
 	_, stop := startRealAgent(t, e.config)
-	poll(t, "the native instance to answer", func() bool { return healthy(port) })
+	testproc.WaitUntil(t, "the native instance to answer", time.Minute, func() bool { return testproc.Healthy(port) })
 
 	// While the agent runs, every command refuses and says so.
 	for _, args := range [][]string{{"site", "inventory"}, {"site", "cleanup"}, {"site", "delete"}, {"node", "leave"}} {
@@ -185,7 +143,7 @@ func TestSiteCommands(t *testing.T) {
 		}
 	}
 	stop()
-	if !healthy(port) {
+	if !testproc.Healthy(port) {
 		t.Fatal("the native instance did not outlive the agent")
 	}
 
@@ -206,7 +164,7 @@ func TestSiteCommands(t *testing.T) {
 	}
 
 	out, _, code = runCLI(t, "site", "cleanup", "--config", e.config, "--dry-run")
-	if code != 0 || !strings.Contains(out, "dry run") || !exists(aC) || !healthy(port) {
+	if code != 0 || !strings.Contains(out, "dry run") || !exists(aC) || !testproc.Healthy(port) {
 		t.Errorf("cleanup --dry-run: exit %d, removed something?\n%s", code, out)
 	}
 
@@ -215,8 +173,8 @@ func TestSiteCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("node leave: exit %d: %s\n%s", code, errOut, out)
 	}
-	if exists(aC) || healthy(port) || !exists(bC) {
-		t.Errorf("after node leave: a's container %v, process answering %v, b's container %v", exists(aC), healthy(port), exists(bC))
+	if exists(aC) || testproc.Healthy(port) || !exists(bC) {
+		t.Errorf("after node leave: a's container %v, process answering %v, b's container %v", exists(aC), testproc.Healthy(port), exists(bC))
 	}
 	if !strings.Contains(out, "removed:") || !strings.Contains(out, "node folder") {
 		t.Errorf("node leave does not say what it did:\n%s", out)

@@ -13,10 +13,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
+
+	"github.com/infermesh/infermesh/internal/testbin"
 )
 
 // Tag is the image tag tests use.
@@ -122,4 +128,53 @@ func buildOnce(root, tag string) error {
 		}
 	}
 	return nil
+}
+
+// Lazy is a test binary's image: built by the first test that needs it
+// (Require), once, so the tests that need no engine run whatever state the
+// engine is in; removed at the end (Remove).
+type Lazy struct {
+	// Tag is unique to the test run, so a build in another work tree
+	// cannot swap the image under a running test.
+	Tag string
+
+	once  sync.Once
+	err   error
+	built atomic.Bool
+}
+
+// Require skips the test in -short mode only; otherwise it builds the
+// image once and fails the test (never skips it) when the engine cannot.
+func (l *Lazy) Require(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs containers on the Docker engine; skipped in -short mode only")
+	}
+	l.once.Do(func() {
+		root, err := testbin.ModuleRoot()
+		if err == nil {
+			err = Build(root, l.Tag)
+		}
+		l.built.Store(err == nil)
+		l.err = err
+	})
+	if l.err != nil {
+		t.Fatalf("building the test image %s (the engine tests need it; -short skips them): %v", l.Tag, l.err)
+	}
+}
+
+// Remove removes the image if Require built it.
+func (l *Lazy) Remove() error {
+	if !l.built.Load() {
+		return nil
+	}
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = cli.ImageRemove(ctx, l.Tag, image.RemoveOptions{PruneChildren: true})
+	return err
 }

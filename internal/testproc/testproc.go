@@ -1,0 +1,62 @@
+// Package testproc holds what tests that run real servers and processes
+// wait on and look at: a free loopback port, a server's health answer, a
+// process being alive, and a poll-until with a deadline (tests wait for
+// conditions, never for fixed times).
+package testproc
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// FreePort returns a loopback TCP port nothing listens on now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+var client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// Healthy reports whether GET http://127.0.0.1:<port>/health answers 200.
+func Healthy(port int) bool {
+	resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Alive reports whether pid is a live process: it exists and is not a
+// zombie (exited, waiting to be reaped).
+func Alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
+}
+
+// WaitUntil polls cond every 20ms until it holds, failing the test when it
+// does not within d.
+func WaitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
