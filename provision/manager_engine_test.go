@@ -24,20 +24,17 @@ import (
 	"github.com/infermesh/infermesh/placement"
 )
 
-// mgrEnv is one agent's worth of provisioning against the real engine: a
-// provider, a bbolt intent store, a real placement table and a running
-// Manager.
-type mgrEnv struct {
+// mgrRun is a running Manager over a bbolt intent store (bucket
+// "provision") and a real placement table, recording its events: one
+// agent's worth of provisioning, whatever its providers.
+type mgrRun struct {
 	t       *testing.T
-	site    string
 	dbPath  string
-	api     DockerAPI
-	cli     *DockerClient
-	p       *DockerProvider
 	db      *bbolt.DB
 	intents *BoltIntents
 	table   *placement.Table
 	m       *Manager
+	closeP  func() // closes the providers
 
 	mu     sync.Mutex
 	events []Event
@@ -58,65 +55,124 @@ func managerConfigForTest() ManagerConfig {
 	}
 }
 
+// startManager runs a Manager of providers over the intent store at dbPath
+// ("" = a new one); stop (or the test's end) closes the providers with
+// closeP.
+func startManager(t *testing.T, dbPath string, providers map[string]InstanceProvider, closeP func()) *mgrRun {
+	t.Helper()
+	r := &mgrRun{t: t, dbPath: dbPath, closeP: closeP}
+	if r.dbPath == "" {
+		r.dbPath = filepath.Join(t.TempDir(), "state.db")
+	}
+	db, err := bbolt.Open(r.dbPath, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.db = db
+	if r.intents, err = NewBoltIntents(db, "provision"); err != nil {
+		t.Fatal(err)
+	}
+	if r.table, err = placement.New(placement.Config{NodeID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := managerConfigForTest()
+	cfg.Providers, cfg.Intents, cfg.Registrar = providers, r.intents, r.table
+	cfg.Events = func(ev Event) {
+		r.mu.Lock()
+		r.events = append(r.events, ev)
+		r.mu.Unlock()
+	}
+	if r.m, err = NewManager(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan error, 1)
+	go func() { r.done <- r.m.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// stop ends the manager (instances keep running), closes the providers
+// and the store. Idempotent.
+func (r *mgrRun) stop() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			r.t.Errorf("Run = %v, want nil on cancel", err)
+		}
+	case <-time.After(30 * time.Second):
+		r.t.Errorf("Run did not return after cancel")
+	}
+	r.closeP()
+	r.db.Close()
+}
+
+func (r *mgrRun) apply(desired map[string]InstanceSpec) {
+	r.t.Helper()
+	if err := r.m.Apply(context.Background(), desired); err != nil {
+		r.t.Fatalf("Apply: %v", err)
+	}
+}
+
+func (r *mgrRun) hasEvent(kind EventKind, substr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.events {
+		if ev.Kind == kind && strings.Contains(ev.Message, substr) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitInstance polls role's status until pred holds.
+func (r *mgrRun) waitInstance(role, what string, pred func(InstanceStatus, bool) bool) InstanceStatus {
+	r.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, ok := r.m.Instance(role)
+		if pred(st, ok) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("instance %s never became %s; last %+v (present %v)", role, what, st, ok)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *mgrRun) waitReady(role string, pred func(InstanceStatus) bool) InstanceStatus {
+	r.t.Helper()
+	return r.waitInstance(role, "ready", func(st InstanceStatus, ok bool) bool {
+		return ok && st.State == StateReady && (pred == nil || pred(st))
+	})
+}
+
+// mgrEnv is a Manager of Docker instances against the real engine.
+type mgrEnv struct {
+	*mgrRun
+	site string
+	api  DockerAPI
+	cli  *DockerClient
+	p    *DockerProvider
+}
+
 // newMgrEnv starts a Manager for site over the intent store at dbPath
 // ("" = a new one). api nil means the real client.
 func newMgrEnv(t *testing.T, site, dbPath string, api DockerAPI) *mgrEnv {
 	t.Helper()
-	e := &mgrEnv{t: t, site: site, dbPath: dbPath, cli: testClient(t)}
-	if e.dbPath == "" {
-		e.dbPath = filepath.Join(t.TempDir(), "state.db")
-	}
-	e.api = api
+	e := &mgrEnv{site: site, cli: testClient(t), api: api}
 	if e.api == nil {
 		e.api = e.cli
 	}
-	db, err := bbolt.Open(e.dbPath, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.db = db
-	if e.intents, err = NewBoltIntents(db, "provision"); err != nil {
-		t.Fatal(err)
-	}
 	e.p = newTestProvider(t, e.api, site, "n1")
-	if e.table, err = placement.New(placement.Config{NodeID: "n1"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := managerConfigForTest()
-	cfg.Providers, cfg.Intents, cfg.Registrar = docker(e.p), e.intents, e.table
-	cfg.Events = func(ev Event) {
-		e.mu.Lock()
-		e.events = append(e.events, ev)
-		e.mu.Unlock()
-	}
-	if e.m, err = NewManager(cfg); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel, e.done = cancel, make(chan error, 1)
-	go func() { e.done <- e.m.Run(ctx) }()
-	t.Cleanup(e.stop)
+	e.mgrRun = startManager(t, dbPath, docker(e.p), func() { e.p.Close() })
 	return e
-}
-
-// stop ends the manager (containers keep running) and closes the store.
-// Idempotent.
-func (e *mgrEnv) stop() {
-	if e.cancel == nil {
-		return
-	}
-	e.cancel()
-	e.cancel = nil
-	select {
-	case err := <-e.done:
-		if err != nil {
-			e.t.Errorf("Run = %v, want nil on cancel", err)
-		}
-	case <-time.After(30 * time.Second):
-		e.t.Errorf("Run did not return after cancel")
-	}
-	e.p.Close()
-	e.db.Close()
 }
 
 // sweeper is the agent's orphan sweep over e's manager: Docker bound, node
@@ -154,47 +210,6 @@ func (helperless) ImageImport(context.Context, image.ImportSource, string, image
 
 func (helperless) ImageRemove(context.Context, string, image.RemoveOptions) ([]image.DeleteResponse, error) {
 	return nil, errors.New("no images here")
-}
-
-func (e *mgrEnv) apply(desired map[string]InstanceSpec) {
-	e.t.Helper()
-	if err := e.m.Apply(context.Background(), desired); err != nil {
-		e.t.Fatalf("Apply: %v", err)
-	}
-}
-
-func (e *mgrEnv) hasEvent(kind EventKind, substr string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, ev := range e.events {
-		if ev.Kind == kind && strings.Contains(ev.Message, substr) {
-			return true
-		}
-	}
-	return false
-}
-
-// waitInstance polls role's status until pred holds.
-func (e *mgrEnv) waitInstance(role, what string, pred func(InstanceStatus, bool) bool) InstanceStatus {
-	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, ok := e.m.Instance(role)
-		if pred(st, ok) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("instance %s never became %s; last %+v (present %v)", role, what, st, ok)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (e *mgrEnv) waitReady(role string, pred func(InstanceStatus) bool) InstanceStatus {
-	e.t.Helper()
-	return e.waitInstance(role, "ready", func(st InstanceStatus, ok bool) bool {
-		return ok && st.State == StateReady && (pred == nil || pred(st))
-	})
 }
 
 func instanceSpec(model string) InstanceSpec {

@@ -6,109 +6,24 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"go.etcd.io/bbolt"
-
 	"github.com/infermesh/infermesh/internal/testproc"
-	"github.com/infermesh/infermesh/placement"
 )
 
-// nativeMgr is one agent's worth of native provisioning: a native provider,
-// a bbolt intent store, a real placement table and a running Manager.
+// nativeMgr is a Manager of native instances.
 type nativeMgr struct {
-	t       *testing.T
-	e       *nativeEnv
-	p       *NativeProvider
-	db      *bbolt.DB
-	intents *BoltIntents
-	table   *placement.Table
-	m       *Manager
-
-	mu     sync.Mutex
-	events []Event
-
-	cancel context.CancelFunc
-	done   chan error
+	*mgrRun
+	e *nativeEnv
+	p *NativeProvider
 }
 
 func newNativeMgr(t *testing.T, e *nativeEnv, dbPath string) *nativeMgr {
 	t.Helper()
-	nm := &nativeMgr{t: t, e: e, p: e.provider()}
-	db, err := bbolt.Open(dbPath, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nm.db = db
-	if nm.intents, err = NewBoltIntents(db, IntentsBucket); err != nil {
-		t.Fatal(err)
-	}
-	if nm.table, err = placement.New(placement.Config{NodeID: "n1"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := managerConfigForTest()
-	cfg.Providers = map[string]InstanceProvider{RuntimeNative: nm.p}
-	cfg.Intents, cfg.Registrar = nm.intents, nm.table
-	cfg.Events = func(ev Event) {
-		nm.mu.Lock()
-		nm.events = append(nm.events, ev)
-		nm.mu.Unlock()
-	}
-	if nm.m, err = NewManager(cfg); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	nm.cancel, nm.done = cancel, make(chan error, 1)
-	go func() { nm.done <- nm.m.Run(ctx) }()
-	t.Cleanup(nm.stop)
-	return nm
-}
-
-// stop ends the manager (processes keep running), closes the provider and
-// the store. Idempotent.
-func (nm *nativeMgr) stop() {
-	if nm.cancel == nil {
-		return
-	}
-	nm.cancel()
-	nm.cancel = nil
-	if err := <-nm.done; err != nil {
-		nm.t.Errorf("Run = %v", err)
-	}
-	nm.p.Close()
-	nm.db.Close()
-}
-
-func (nm *nativeMgr) apply(desired map[string]InstanceSpec) {
-	nm.t.Helper()
-	if err := nm.m.Apply(context.Background(), desired); err != nil {
-		nm.t.Fatal(err)
-	}
-}
-
-func (nm *nativeMgr) waitState(role string, what string, pred func(InstanceStatus, bool) bool) InstanceStatus {
-	nm.t.Helper()
-	var st InstanceStatus
-	testproc.WaitUntil(nm.t, role+" "+what, 60*time.Second, func() bool {
-		var ok bool
-		st, ok = nm.m.Instance(role)
-		return pred(st, ok)
-	})
-	return st
-}
-
-func (nm *nativeMgr) hasEvent(kind EventKind, substr string) bool {
-	nm.mu.Lock()
-	defer nm.mu.Unlock()
-	for _, e := range nm.events {
-		if e.Kind == kind && strings.Contains(e.Message, substr) {
-			return true
-		}
-	}
-	return false
+	p := e.provider()
+	return &nativeMgr{mgrRun: startManager(t, dbPath, map[string]InstanceProvider{RuntimeNative: p}, func() { p.Close() }), e: e, p: p}
 }
 
 func nativeInstanceSpec(t *testing.T, port int, args ...string) InstanceSpec {
@@ -129,7 +44,7 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	port := testproc.FreePort(t)
 	nm := newNativeMgr(t, e, dbPath)
 	nm.apply(map[string]InstanceSpec{"chat": nativeInstanceSpec(t, port)})
-	st := nm.waitState("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
+	st := nm.waitInstance("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
 	if st.Runtime != RuntimeNative || st.PID == 0 || st.Endpoint != "127.0.0.1:"+strconv.Itoa(port) || st.Image != demoBinary(t) {
 		t.Fatalf("ready instance = %+v", st)
 	}
@@ -143,7 +58,7 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	// Killed behind its back: restarted, a new process.
 	first := st.PID
 	syscall.Kill(first, syscall.SIGKILL)
-	st = nm.waitState("chat", "restarted", func(s InstanceStatus, ok bool) bool {
+	st = nm.waitInstance("chat", "restarted", func(s InstanceStatus, ok bool) bool {
 		return ok && s.State == StateReady && s.PID != first && s.Restarts == 1
 	})
 	logs := nm.m.Logs("chat", 0)
@@ -165,7 +80,7 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	}
 	nm2 := newNativeMgr(t, e, dbPath)
 	nm2.apply(map[string]InstanceSpec{"chat": nativeInstanceSpec(t, port)})
-	st = nm2.waitState("chat", "adopted", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
+	st = nm2.waitInstance("chat", "adopted", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
 	if st.PID != second || st.Restarts != 0 {
 		t.Errorf("after the restart: pid %d restarts %d, want the same pid %d, not restarted", st.PID, st.Restarts, second)
 	}
@@ -182,7 +97,7 @@ func TestManagerNativeGivesUp(t *testing.T) {
 	spec := nativeInstanceSpec(t, testproc.FreePort(t), "-no-such-flag")
 	spec.Restart.Max = 2
 	nm.apply(map[string]InstanceSpec{"chat": spec})
-	st := nm.waitState("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
+	st := nm.waitInstance("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
 	if st.Restarts != 2 || !strings.Contains(st.LastError, "gave up after 2 restarts") || !strings.Contains(st.LastError, "exited with status") {
 		t.Errorf("failed instance = %+v", st)
 	}
@@ -206,13 +121,13 @@ func TestManagerNativeRoleRemoved(t *testing.T) {
 	spec.Command = "/bin/sh"
 	spec.Args = []string{"-c", fmt.Sprintf("sleep 1000 & exec %s -listen 127.0.0.1:%d -model m-chat", demoBinary(t), port)}
 	nm.apply(map[string]InstanceSpec{"chat": spec})
-	st := nm.waitState("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
+	st := nm.waitInstance("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
 	pgid := st.PID
 	if !groupAlive(pgid) {
 		t.Fatal("no process group")
 	}
 	nm.apply(map[string]InstanceSpec{})
-	nm.waitState("chat", "removed", func(_ InstanceStatus, ok bool) bool { return !ok })
+	nm.waitInstance("chat", "removed", func(_ InstanceStatus, ok bool) bool { return !ok })
 	if groupAlive(pgid) {
 		t.Errorf("process group %d has live members after the role was removed", pgid)
 	}
