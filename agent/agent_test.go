@@ -60,6 +60,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// demoDevModel is dev mode's model as cmd/infermeshd wires it: the
+// built-in demo model.
+func demoDevModel(model string) (string, func(), error) {
+	cfg := demomodel.DefaultConfig()
+	cfg.Model = model
+	return demomodel.ServeLoopback(cfg)
+}
+
 func TestDevModeStreamsChat(t *testing.T) {
 	cfg, err := DevConfig(t.TempDir())
 	if err != nil {
@@ -70,7 +78,7 @@ func TestDevModeStreamsChat(t *testing.T) {
 	cfg.Roles["chat"] = r
 	var mu sync.Mutex
 	var notes []string
-	a := runAgent(t, cfg, Options{Dev: true, Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
+	a := runAgent(t, cfg, Options{DevModel: demoDevModel, Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
 	addr, _ := a.RoleAddr("chat")
 	waitFor(t, "the demo instance to register", func() bool { return len(a.Table().Resolve("chat")) == 1 })
 	resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",

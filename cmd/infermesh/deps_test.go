@@ -14,7 +14,11 @@ func TestCLIDoesNotLinkTheMesh(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
-	for _, dep := range strings.Fields(string(out)) {
+	deps := strings.Fields(string(out))
+	if len(deps) == 0 || deps[len(deps)-1] != "github.com/infermesh/infermesh/cmd/infermesh" {
+		t.Fatalf("go list -deps did not list the CLI last: %q", out)
+	}
+	for _, dep := range deps {
 		for _, banned := range []string{"github.com/quic-go/", "github.com/hashicorp/memberlist", "github.com/infermesh/infermesh/mesh"} {
 			if strings.HasPrefix(dep, banned) {
 				t.Errorf("the CLI links %s", dep)

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/infermesh/infermesh/agent"
+	"github.com/infermesh/infermesh/demomodel"
 )
 
 func main() {
@@ -75,8 +76,15 @@ func run(args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	opts := agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify}
+	opts := agent.Options{Logger: log, Notify: sdNotify}
 	if *dev {
+		opts.DevModel = func(model string) (string, func(), error) {
+			dcfg := demomodel.DefaultConfig()
+			dcfg.Model = model
+			dcfg.TokenDelay = *devDelay
+			dcfg.Logger = log.Named("demo")
+			return demomodel.ServeLoopback(dcfg)
+		}
 		opts.OnAdminReady = func(socket string) {
 			fmt.Fprintf(os.Stderr, "\nadmin socket: %s\n  export INFERMESH_SOCKET=%s\n", socket, socket)
 		}
