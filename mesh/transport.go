@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
@@ -132,29 +133,20 @@ func DefaultTransportConfig() TransportConfig {
 
 func (c TransportConfig) withDefaults() (TransportConfig, error) {
 	d := DefaultTransportConfig()
-	for _, f := range []struct {
-		name string
-		p    *time.Duration
-		def  time.Duration
-	}{
-		{"HandshakeTimeout", &c.HandshakeTimeout, d.HandshakeTimeout},
-		{"KeepAlivePeriod", &c.KeepAlivePeriod, d.KeepAlivePeriod},
-		{"MaxIdleTimeout", &c.MaxIdleTimeout, d.MaxIdleTimeout},
-		{"RecheckInterval", &c.RecheckInterval, d.RecheckInterval},
-	} {
-		if *f.p < 0 {
-			return c, fmt.Errorf("%s: negative duration %v", f.name, *f.p)
-		}
-		if *f.p == 0 {
-			*f.p = f.def
-		}
+	if err := nonNegative(
+		namedDuration{"HandshakeTimeout", c.HandshakeTimeout}, namedDuration{"KeepAlivePeriod", c.KeepAlivePeriod},
+		namedDuration{"MaxIdleTimeout", c.MaxIdleTimeout}, namedDuration{"RecheckInterval", c.RecheckInterval},
+	); err != nil {
+		return c, err
 	}
 	if c.MaxStreamsPerPeer < 0 {
 		return c, errors.New("MaxStreamsPerPeer: negative")
 	}
-	if c.MaxStreamsPerPeer == 0 {
-		c.MaxStreamsPerPeer = d.MaxStreamsPerPeer
-	}
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
+	c.KeepAlivePeriod = cmp.Or(c.KeepAlivePeriod, d.KeepAlivePeriod)
+	c.MaxIdleTimeout = cmp.Or(c.MaxIdleTimeout, d.MaxIdleTimeout)
+	c.RecheckInterval = cmp.Or(c.RecheckInterval, d.RecheckInterval)
+	c.MaxStreamsPerPeer = cmp.Or(c.MaxStreamsPerPeer, d.MaxStreamsPerPeer)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
