@@ -1,6 +1,3 @@
-// Package agent wires infermeshd together: configuration, the placement
-// table, the loopback proxy, the mesh, provisioning, the admin socket and the
-// state store, and owns their lifecycle.
 package agent
 
 import (

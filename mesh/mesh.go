@@ -1,8 +1,3 @@
-// Package mesh is a node's membership in the infermesh cluster: who is
-// admitted (static trust, admission certificates, revocation), memberlist
-// gossip encrypted with a rotatable keyring, and the signed infer.<role>
-// adverts that feed the placement table. Node keys, certificates and gossip
-// keys themselves are package identity's.
 package mesh
 
 import (

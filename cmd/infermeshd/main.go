@@ -1,6 +1,9 @@
 // Command infermeshd is the infermesh agent: it serves the loopback
 // OpenAI-compatible proxy, takes part in the mesh, provisions local
-// inference instances and answers the admin socket.
+// inference instances and answers the admin socket. This file is the thin
+// outside of package agent: flags, the config file, logging, signals
+// (SIGINT/SIGTERM cancel Run, SIGHUP reloads), sd_notify, and, for -dev,
+// the built-in demo model as the agent's DevModel.
 package main
 
 import (
