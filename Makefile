@@ -16,7 +16,7 @@ build:
 run: build
 	$(BIN)/infermeshd -dev
 
-## test: every test, with the race detector (Docker and sshd tests included)
+## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
 
