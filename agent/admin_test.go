@@ -17,13 +17,14 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 )
 
 func TestSecondAgentRefused(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	first := startAdminAgent(t, cfg, AdminOptions{})
 
 	runOnce := func(cfg *Config, opts Options) error {
@@ -59,7 +60,7 @@ func TestSecondAgentRefused(t *testing.T) {
 // does not stop the next one.
 func TestStaleSocketReplacedAtStart(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Admin.Socket, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -74,8 +75,8 @@ func TestStaleSocketReplacedAtStart(t *testing.T) {
 
 func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	cfg.Admin.Metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
+	cfg.Admin.Metrics = fmt.Sprintf("127.0.0.1:%d", testnet.TCPPort(t, "127.0.0.1"))
 	m, err := metrics.New(metrics.Config{Version: Version})
 	if err != nil {
 		t.Fatal(err)

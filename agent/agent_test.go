@@ -49,7 +49,8 @@ func runAgent(t *testing.T, cfg *Config, opts Options) *Agent {
 	return a
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitFor polls cond every 10ms until it holds, failing t after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -94,9 +95,12 @@ func TestDevModeStreamsChat(t *testing.T) {
 	if !strings.Contains(string(raw), `"model":"chat"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 		t.Errorf("dev stream = %q, want chunks for model chat ending with [DONE]", raw)
 	}
+	// Run tells systemd it is ready once everything is up, which may be
+	// just after the role answers.
+	waitFor(t, "a notification", func() bool { mu.Lock(); defer mu.Unlock(); return len(notes) > 0 })
 	mu.Lock()
 	defer mu.Unlock()
-	if len(notes) == 0 || notes[0] != "READY=1" {
+	if notes[0] != "READY=1" {
 		t.Errorf("notify = %v, want READY=1 first", notes)
 	}
 }

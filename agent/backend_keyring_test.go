@@ -7,6 +7,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 )
 
 func TestKeyringThroughTheBackend(t *testing.T) {
@@ -14,7 +15,7 @@ func TestKeyringThroughTheBackend(t *testing.T) {
 	k2, _ := identity.NewGossipKey()
 	dir := t.TempDir()
 	m := newFakeMesh(k1)
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{Mesh: m})
+	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1")), AdminOptions{Mesh: m})
 	ctx := context.Background()
 	kr, err := aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringInstall, Key: k2})
 	if err != nil || len(kr.Keys) != 2 || kr.Members != 3 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
 )
@@ -22,7 +23,7 @@ func (admitAll) MayServe(string) bool   { return true }
 // them, with a cooled-down peer last and a note saying why.
 func TestRouteFollowsThePeerScorer(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	a, err := New(cfg, Options{})
 	if err != nil {
 		t.Fatal(err)

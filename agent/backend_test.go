@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,19 +13,9 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 )
-
-// freePort returns a loopback port nobody listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // adminConfigFile writes a config with role chat (and its policy lines) to
 // dir and loads it.
@@ -142,7 +131,7 @@ func (p policyState) String() string {
 
 func TestPolicyOverridesSurviveRestartAndReset(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	aa := startAdminAgent(t, cfg, AdminOptions{})
 	ctx := context.Background()
 
@@ -218,7 +207,7 @@ func TestPolicyOverridesSurviveRestartAndReset(t *testing.T) {
 
 func TestPolicyRefusals(t *testing.T) {
 	dir := t.TempDir()
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{})
+	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1")), AdminOptions{})
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -248,7 +237,7 @@ func TestPolicyRefusals(t *testing.T) {
 
 func TestReloadAppliesPolicyKeepsOverrides(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	cfg := adminConfigFile(t, dir, basePolicy, port)
 	var hooked []string
 	aa := startAdminAgent(t, cfg, AdminOptions{OnReload: func(old, new *Config, res *admin.ReloadResult) error {
@@ -377,7 +366,7 @@ func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	m := newFakeMesh()
 	aa := startAdminAgent(t, cfg, AdminOptions{Mesh: m})
 	ctx := context.Background()
@@ -432,7 +421,7 @@ func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 
 func TestNoMeshAnswersClearly(t *testing.T) {
 	dir := t.TempDir()
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{})
+	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1")), AdminOptions{})
 	ctx := context.Background()
 	if _, err := aa.client.Keyring(ctx); !errors.Is(err, admin.ErrNotConfigured) || !strings.Contains(err.Error(), "mesh") {
 		t.Errorf("Keyring() without a mesh = %v, want ErrNotConfigured about the mesh", err)

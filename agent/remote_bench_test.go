@@ -35,8 +35,8 @@ func BenchmarkRemoteHop(b *testing.B) {
 		"local": {upstream: up, model: "demo"},
 	}, false)
 	tm.start("b", map[string]roleSpec{"chat": {upstream: up, model: "demo", expose: true, serveTo: []string{"a"}}}, false)
-	eventuallyTB(b, "a resolves chat to b", func() bool { return na.resolvesTo("chat", "b") })
-	eventuallyTB(b, "a's local instance is up", func() bool { return len(na.agent.Table().Resolve("local")) == 1 })
+	waitFor(b, "a resolves chat to b", func() bool { return na.resolvesTo("chat", "b") })
+	waitFor(b, "a's local instance is up", func() bool { return len(na.agent.Table().Resolve("local")) == 1 })
 
 	h3, err := meshbench.NewBareH3()
 	if err != nil {
