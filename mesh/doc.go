@@ -65,9 +65,10 @@
 //     consume: its adverts are never heard).
 //   - origin: the node an advert is about, and the only key that may sign it.
 //   - node meta: what a node says about itself in memberlist, self-signed.
-//   - gossip key: proves membership of the gossip, never a node's identity;
-//     anything one key holder can say through gossip alone is a hint, and
-//     the authenticated QUIC channel is the proof.
+//   - gossip key: shared by every member, so it proves membership of the
+//     gossip, never a node's identity: that is why node meta and adverts are
+//     signed by node keys, and why only the QUIC transport's pinned keys
+//     decide whether a connection stays open.
 //   - refusal: anything turned away, with a stable reason (the keys of
 //     Refusals and Transport.Refusals, fit for metrics).
 package mesh
