@@ -1,9 +1,7 @@
-// Package agent wires infermeshd together: configuration, the placement
-// table, the loopback proxy, the mesh, provisioning, the admin socket and the
-// state store, and owns their lifecycle.
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +19,6 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
@@ -35,11 +32,15 @@ var Version = "dev"
 type Options struct {
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
-	// Dev runs the built-in demo model in-process as the upstream of every
-	// role that has neither upstream nor instance.
-	Dev bool
-	// DemoTokenDelay paces the demo model's streamed tokens.
-	DemoTokenDelay time.Duration
+	// DevModel, when set, is dev mode: Run starts it and it serves every
+	// role that has neither upstream nor instance. cmd/infermeshd passes the
+	// built-in demo model, so the agent itself does not link it.
+	DevModel DevModel
+	// Simulated serves the roles whose instance is runtime simulated, one
+	// server per role, named after the role's model (else "demo").
+	// cmd/infermeshd passes the built-in demo model, as for DevModel. Nil:
+	// such a role fails Run, naming it.
+	Simulated DevModel
 	// Notify receives readiness and status lines (sd_notify). Nil: none.
 	Notify func(state string)
 	// OnAdminReady is called with the admin socket path once it answers.
@@ -58,6 +59,11 @@ type Options struct {
 	// AdminTuning adjusts the admin runtime's options (tests inject fakes).
 	AdminTuning func(*AdminOptions)
 }
+
+// DevModel starts an in-process model server for dev mode, serving model
+// on loopback. It returns the server's base URL and stop, which shuts it
+// down and waits for it.
+type DevModel func(model string) (base string, stop func(), err error)
 
 // Agent is one running infermeshd.
 type Agent struct {
@@ -260,7 +266,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	for name, r := range a.cfg.Roles {
 		upstreams[name], runtimes[name] = r.Upstream, "static"
 		if r.Instance != nil && r.Instance.Runtime == provision.RuntimeSimulated {
-			base, stop, err := a.startDemo(modelOr(r.Model))
+			if a.opts.Simulated == nil {
+				return fmt.Errorf("roles.%s.instance.runtime: simulated: this agent has no built-in demo model", name)
+			}
+			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, "demo"))
 			if err != nil {
 				return fmt.Errorf("roles.%s.instance: %w", name, err)
 			}
@@ -268,15 +277,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			upstreams[name], runtimes[name] = base, provision.RuntimeSimulated
 		}
 	}
-	if a.opts.Dev {
-		model := "demo"
-		for _, r := range a.cfg.Roles {
-			if r.Model != "" {
-				model = r.Model
-				break
-			}
-		}
-		base, stop, err := a.startDemo(model)
+	if a.opts.DevModel != nil {
+		base, stop, err := a.startDevModel()
 		if err != nil {
 			return err
 		}
@@ -448,42 +450,20 @@ func moveChanges(applied, restart []string, now func(string) bool) ([]string, []
 	return applied, kept
 }
 
-func modelOr(m string) string {
-	if m == "" {
-		return "demo"
-	}
-	return m
-}
-
-// startDemo serves the built-in demo model as model on an ephemeral
-// loopback port.
-func (a *Agent) startDemo(model string) (base string, stop func(), err error) {
-	dcfg := demomodel.DefaultConfig()
-	dcfg.Model = model
-	dcfg.TokenDelay = a.opts.DemoTokenDelay
-	dcfg.Logger = a.log.Named("demo")
-	srv, err := demomodel.New(dcfg)
-	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = hs.Serve(ln)
-	}()
-	base = "http://" + ln.Addr().String()
-	a.log.Info("demo model serving", zap.String("addr", base), zap.String("model", model))
-	return base, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if hs.Shutdown(ctx) != nil {
-			_ = hs.Close()
+// startDevModel starts the dev model, named after the first role (in name
+// order) that names a model, else "demo".
+func (a *Agent) startDevModel() (base string, stop func(), err error) {
+	model := "demo"
+	for _, name := range sortedKeys(a.cfg.Roles) {
+		if m := a.cfg.Roles[name].Model; m != "" {
+			model = m
+			break
 		}
-		<-done
-	}, nil
+	}
+	base, stop, err = a.opts.DevModel(model)
+	if err != nil {
+		return "", nil, fmt.Errorf("dev model: %w", err)
+	}
+	a.log.Info("dev model serving", zap.String("addr", base), zap.String("model", model))
+	return base, stop, nil
 }

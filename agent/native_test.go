@@ -19,6 +19,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -121,7 +122,7 @@ func workloadProcesses(ref string) int {
 func TestNativeInstanceSurvivesAgentKill(t *testing.T) {
 	b := staticBins(t)
 	dir := t.TempDir()
-	port, rolePort := testproc.FreePort(t), testproc.FreePort(t)
+	port, rolePort := testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1")
 	site := fmt.Sprintf("agentkill%x", time.Now().UnixNano()&0xffffff)
 	sock := filepath.Join(dir, "admin.sock")
 	config := filepath.Join(dir, "infermesh.yaml")
@@ -234,7 +235,7 @@ func TestAgentSweepsNativeOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		port := testproc.FreePort(t)
+		port := testnet.TCPPort(t, "127.0.0.1")
 		spec := provision.ProvisionSpec{AttemptID: 1, Role: "old", Runtime: provision.RuntimeNative, Command: b["infermesh-demo"],
 			Args: []string{"-listen", "127.0.0.1:" + strconv.Itoa(port)}, Ports: []int{port}}
 		h, err := p.CreateInstance(ctx, spec, nil)
@@ -250,13 +251,13 @@ func TestAgentSweepsNativeOrphans(t *testing.T) {
 	_, mine := orphan("a")
 	_, theirs := orphan("b")
 
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	cfg, err := ParseConfig([]byte(fmt.Sprintf(`site: %s
 node: {name: a, state_dir: %s, cache_dir: %s}
 admin: {socket: %s/admin.sock}
 roles:
   chat: {port: %d, model: m, instance: {runtime: native, command: %s, args: [-listen, "127.0.0.1:%d", -model, m], port: %d}}
-`, site, layout.StateDir, layout.CacheRoot, dir, testproc.FreePort(t), b["infermesh-demo"], port, port)))
+`, site, layout.StateDir, layout.CacheRoot, dir, testnet.TCPPort(t, "127.0.0.1"), b["infermesh-demo"], port, port)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,11 +325,11 @@ func TestSimulatedInstance(t *testing.T) {
 admin: {socket: %s/admin.sock}
 roles:
   chat: {port: %d, model: tiny, instance: {runtime: simulated}}
-`, dir, dir, dir, testproc.FreePort(t))))
+`, dir, dir, dir, testnet.TCPPort(t, "127.0.0.1"))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := runAgent(t, cfg, Options{})
+	a := runAgent(t, cfg, Options{Simulated: demoDevModel})
 	waitFor(t, "the simulated instance to register", func() bool { return len(a.Table().Resolve("chat")) == 1 })
 	if c := a.Table().Resolve("chat")[0]; c.Model != "tiny" {
 		t.Errorf("candidate = %+v, want model tiny", c)

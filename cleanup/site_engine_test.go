@@ -24,6 +24,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -192,7 +193,7 @@ func (f *fixture) nativeOf(node string) *provision.NativeProvider {
 func (f *fixture) process(node, role string) int {
 	f.t.Helper()
 	ctx := context.Background()
-	port := testproc.FreePort(f.t)
+	port := testnet.TCPPort(f.t, "127.0.0.1")
 	spec := provision.ProvisionSpec{
 		InstanceID: 2, AttemptID: 1, Role: role, Runtime: provision.RuntimeNative, Command: binary(f.t, "infermesh-demo"),
 		Args: []string{"-listen", "127.0.0.1:" + strconv.Itoa(port)}, Ports: []int{port},

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/internal/testproc"
 )
 
@@ -41,7 +42,7 @@ func nativeInstanceSpec(t *testing.T, port int, args ...string) InstanceSpec {
 func TestManagerNativeRestartAndAdoption(t *testing.T) {
 	e := newNativeEnv(t)
 	dbPath := filepath.Join(t.TempDir(), "state.db")
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	nm := newNativeMgr(t, e, dbPath)
 	nm.apply(map[string]InstanceSpec{"chat": nativeInstanceSpec(t, port)})
 	st := nm.waitInstance("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
@@ -94,7 +95,7 @@ func TestManagerNativeRestartAndAdoption(t *testing.T) {
 func TestManagerNativeGivesUp(t *testing.T) {
 	e := newNativeEnv(t)
 	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
-	spec := nativeInstanceSpec(t, testproc.FreePort(t), "-no-such-flag")
+	spec := nativeInstanceSpec(t, testnet.TCPPort(t, "127.0.0.1"), "-no-such-flag")
 	spec.Restart.Max = 2
 	nm.apply(map[string]InstanceSpec{"chat": spec})
 	st := nm.waitInstance("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
@@ -116,7 +117,7 @@ func TestManagerNativeGivesUp(t *testing.T) {
 func TestManagerNativeRoleRemoved(t *testing.T) {
 	e := newNativeEnv(t)
 	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	spec := nativeInstanceSpec(t, port)
 	spec.Command = "/bin/sh"
 	spec.Args = []string{"-c", fmt.Sprintf("sleep 1000 & exec %s -listen 127.0.0.1:%d -model m-chat", demoBinary(t), port)}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/internal/testproc"
 )
 
@@ -76,7 +77,7 @@ func TestNativeLifecycle(t *testing.T) {
 	e := newNativeEnv(t)
 	p := e.provider()
 	ctx := context.Background()
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	spec := nativeSpec(t, "chat", 1, port)
 	rec := newRecorder()
 
@@ -182,7 +183,7 @@ func TestNativeLifecycle(t *testing.T) {
 func TestNativeAdoption(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	spec := nativeSpec(t, "chat", 1, port)
 
 	p1 := e.provider()
@@ -240,7 +241,7 @@ func TestNativeAdoption(t *testing.T) {
 func TestNativeFindsAProcessItsRecordMissed(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	spec := nativeSpec(t, "chat", 1, port)
 	p := e.provider()
 	h, err := p.CreateInstance(ctx, spec, nil)
@@ -277,7 +278,7 @@ func TestNativeFindsAProcessItsRecordMissed(t *testing.T) {
 func TestNativeStopKillsTheGroup(t *testing.T) {
 	e := newNativeEnv(t)
 	ctx := context.Background()
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	spec := nativeSpec(t, "chat", 1, port)
 	// A wrapper that leaves a child behind and execs the server.
 	spec.Command = "/bin/sh"

@@ -21,6 +21,7 @@ import (
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -99,10 +100,10 @@ func TestSiteCommands(t *testing.T) {
 		cli.ImageRemove(ctx, tag, image.RemoveOptions{PruneChildren: true})
 		cli.Close()
 	})
-	port := testproc.FreePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	e := newSiteEnv(t, t.TempDir(), "cmds", fmt.Sprintf(
 		"  chat: {port: %d, model: m, instance: {runtime: native, command: %s, args: [-listen, 127.0.0.1:%d, -model, m], port: %d}}\n",
-		testproc.FreePort(t), bins["infermesh-demo"], port, port))
+		testnet.TCPPort(t, "127.0.0.1"), bins["infermesh-demo"], port, port))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -1,6 +1,9 @@
 // Command infermeshd is the infermesh agent: it serves the loopback
 // OpenAI-compatible proxy, takes part in the mesh, provisions local
-// inference instances and answers the admin socket.
+// inference instances and answers the admin socket. This file is the thin
+// outside of package agent: flags, the config file, logging, signals
+// (SIGINT/SIGTERM cancel Run, SIGHUP reloads), sd_notify, and, for -dev,
+// the built-in demo model as the agent's DevModel.
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/infermesh/infermesh/agent"
+	"github.com/infermesh/infermesh/demomodel"
 )
 
 func main() {
@@ -75,8 +79,20 @@ func run(args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	opts := agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify}
+	// The built-in demo model: the simulated runtime's (answering at once)
+	// and dev mode's (pacing its tokens).
+	demo := func(delay time.Duration) agent.DevModel {
+		return func(model string) (string, func(), error) {
+			dcfg := demomodel.DefaultConfig()
+			dcfg.Model = model
+			dcfg.TokenDelay = delay
+			dcfg.Logger = log.Named("demo")
+			return demomodel.ServeLoopback(dcfg)
+		}
+	}
+	opts := agent.Options{Logger: log, Notify: sdNotify, Simulated: demo(0)}
 	if *dev {
+		opts.DevModel = demo(*devDelay)
 		opts.OnAdminReady = func(socket string) {
 			fmt.Fprintf(os.Stderr, "\nadmin socket: %s\n  export INFERMESH_SOCKET=%s\n", socket, socket)
 		}

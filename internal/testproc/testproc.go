@@ -1,29 +1,17 @@
 // Package testproc holds what tests that run real servers and processes
-// wait on and look at: a free loopback port, a server's health answer, a
-// process being alive, and a poll-until with a deadline (tests wait for
-// conditions, never for fixed times).
+// wait on and look at: a server's health answer, a process being alive,
+// and a poll-until with a deadline (tests wait for conditions, never for
+// fixed times). Free ports are internal/testnet's.
 package testproc
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 )
-
-// FreePort returns a loopback TCP port nothing listens on now.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 var client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 

@@ -9,10 +9,14 @@ import (
 	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
-	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/provision"
 )
+
+// This file connects the config's managed instances to provisioning
+// (package provision): instance specs from roles, the instance manager of
+// the Docker and native runtimes over the state store's intents bucket
+// (provision.IntentsBucket), and its orphan sweep (package cleanup).
 
 // desiredInstances maps the config's managed roles (docker and native; a
 // simulated instance is served inside the agent) to instance specs.
@@ -180,14 +184,6 @@ func (p *provisioning) close() {
 	}
 	if p.cli != nil {
 		_ = p.cli.Close()
-	}
-}
-
-// adminInstance is the admin API's view of an instance.
-func adminInstance(s provision.InstanceStatus) admin.Instance {
-	return admin.Instance{
-		Role: s.Role, State: string(s.State), Runtime: s.Runtime, Ref: s.Ref, ContainerID: s.ContainerID, PID: s.PID,
-		Endpoint: s.Endpoint, Image: s.Image, Restarts: s.Restarts, LastError: s.LastError, Since: s.Since.UTC(),
 	}
 }
 
