@@ -2,8 +2,8 @@
 // connects them, and owns their lifecycle (Run: start in order, report
 // readiness, drain and stop on cancellation). It is the only package that
 // knows all the others; they know nothing of it. The dependency rule is
-// cmd -> agent -> {mesh, proxy, provision} -> placement, with identity a
-// leaf beside placement.
+// cmd -> agent -> {mesh, proxy, provision -> cleanup} -> placement, with
+// identity a leaf beside placement.
 //
 // Where things are:
 //
@@ -11,7 +11,8 @@
 //	config.go         the YAML configuration: strict decoding, defaults, validation naming the field
 //	membership.go     the mesh membership: trust from the config, start, join, leave (package mesh)
 //	transport.go      the proxy's remote path over the QUIC transport, and the peer scorer
-//	provisioning.go   managed instances: specs from roles, the Docker-backed manager (package provision)
+//	provisioning.go   managed instances: specs from roles, the manager of the Docker and native
+//	                  runtimes (package provision), its periodic orphan sweep (package cleanup)
 //	health.go         static upstreams: registered in placement only while they answer
 //	audit.go          the audit log, fanned out to `infermesh events`
 //	admin.go          the admin runtime: state store, admin socket, metrics port
@@ -25,11 +26,13 @@
 // Dev mode (infermeshd -dev) is one node without a mesh whose roles are
 // served by an in-process model the caller supplies (Options.DevModel);
 // cmd/infermeshd passes the built-in demo model, which this package does
-// not link.
+// not link. It passes the same model as Options.Simulated, which serves the
+// roles whose instance is runtime simulated, in dev mode or not.
 //
 // Words: a role is infer.<role>, an OpenAI-compatible endpoint on a
 // loopback port; an instance is the model server behind a role on this
-// node (a static upstream, or a managed container); a node is a host in
+// node (a static upstream, or a managed container, native process or
+// simulated model); a node is a host in
 // the mesh; an override is an operator's run-time policy change, stored so
 // that it survives restarts.
 package agent
