@@ -438,6 +438,7 @@ func TestUnreachableDocker(t *testing.T) {
 		fails bool
 	}{
 		{"optional", cleanup.NewKindSet(cleanup.Native), false},
+		{"simulated selects nothing", cleanup.NewKindSet(cleanup.Simulated), false},
 		{"bound", cleanup.NewKindSet(cleanup.Docker, cleanup.Native), true},
 		{"unreadable config", cleanup.AllKinds(), true},
 	} {
