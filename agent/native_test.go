@@ -280,13 +280,15 @@ roles:
 	if gone(theirs) {
 		t.Error("the sweep stopped another node's process")
 	}
-	swept := false
-	for _, e := range a.Audit().Recent() {
-		swept = swept || (e.Kind == "cleanup.orphan_removed" && strings.Contains(e.Fields["ref"], "-a-old-1"))
-	}
-	if !swept {
-		t.Error("no cleanup.orphan_removed event")
-	}
+	// The event is recorded once the sweep is over, just after the stop.
+	waitFor(t, "a cleanup.orphan_removed event", func() bool {
+		for _, e := range a.Audit().Recent() {
+			if e.Kind == "cleanup.orphan_removed" && strings.Contains(e.Fields["ref"], "-a-old-1") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // deleteSite removes what a test's site left on this host, the way
