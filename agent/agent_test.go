@@ -20,9 +20,7 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if binsDir != "" {
-			os.RemoveAll(binsDir)
-		}
+		bins.Remove()
 		os.Exit(code)
 	}))
 }

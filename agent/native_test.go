@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,25 +24,9 @@ import (
 )
 
 // Static builds of the agent and the demo model, made once.
-var (
-	binsOnce sync.Once
-	binsDir  string
-	bins     map[string]string
-	binsErr  error
-)
+var bins = &testbin.Lazy{Pkgs: []string{"./cmd/infermeshd", "./cmd/infermesh-demo"}}
 
-func staticBins(t *testing.T) map[string]string {
-	t.Helper()
-	binsOnce.Do(func() {
-		if binsDir, binsErr = os.MkdirTemp("", "agent-bins-"); binsErr == nil {
-			bins, binsErr = testbin.Build(binsDir, "./cmd/infermeshd", "./cmd/infermesh-demo")
-		}
-	})
-	if binsErr != nil {
-		t.Fatalf("building binaries: %v", binsErr)
-	}
-	return bins
-}
+func staticBins(t *testing.T) map[string]string { return bins.Get(t) }
 
 // agentProc is infermeshd run as its own process.
 type agentProc struct {

@@ -3,7 +3,6 @@ package cleanup_test
 import (
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,21 +24,16 @@ var testImage = fmt.Sprintf("%s-cleanup-%s", testimage.Tag, runID)
 
 var testImg = &testimage.Lazy{Tag: testImage}
 
-var (
-	binOnce sync.Once
-	binDir  string
-	bins    map[string]string
-	binErr  error
-)
+// bins are the static builds the tests run: the demo model as native
+// instances' command.
+var bins = &testbin.Lazy{Pkgs: []string{"./cmd/infermesh-demo"}}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if err := testImg.Remove(); err != nil {
 		fmt.Fprintln(os.Stderr, "cleanup tests: remove test image:", err)
 	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -53,18 +47,5 @@ func TestMain(m *testing.M) {
 // fails the test (it is never skipped outside -short).
 func requireEngine(t *testing.T) { testImg.Require(t) }
 
-// binary returns a static build of a command of this module (the demo model
-// as native instances' command, the CLI as the root-owned data helper).
-func binary(t *testing.T, name string) string {
-	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "cleanup-bin-")
-		if binErr == nil {
-			bins, binErr = testbin.Build(binDir, "./cmd/infermesh-demo")
-		}
-	})
-	if binErr != nil {
-		t.Fatalf("building binaries: %v", binErr)
-	}
-	return bins[name]
-}
+// binary returns the static build of a command (bins).
+func binary(t *testing.T, name string) string { return bins.Get(t)[name] }

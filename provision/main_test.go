@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,9 +39,7 @@ var siteSeq atomic.Int64
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if demoBinDir != "" {
-		os.RemoveAll(demoBinDir)
-	}
+	demoBin.Remove()
 	if err := testImg.Remove(); err != nil {
 		fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
 	}
@@ -55,32 +52,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The static demo model binary the native tests run, built once.
-var (
-	demoBinOnce sync.Once
-	demoBinDir  string
-	demoBinPath string
-	demoBinErr  error
-)
+// demoBin is the static demo model binary the native tests run.
+var demoBin = &testbin.Lazy{Pkgs: []string{"./cmd/infermesh-demo"}}
 
-// demoBinary returns the path of the static demo model binary
-// (cmd/infermesh-demo), building it on first use.
-func demoBinary(t *testing.T) string {
-	t.Helper()
-	demoBinOnce.Do(func() {
-		demoBinDir, demoBinErr = os.MkdirTemp("", "provision-demo-")
-		if demoBinErr != nil {
-			return
-		}
-		var bins map[string]string
-		bins, demoBinErr = testbin.Build(demoBinDir, "./cmd/infermesh-demo")
-		demoBinPath = bins["infermesh-demo"]
-	})
-	if demoBinErr != nil {
-		t.Fatalf("building the demo model binary: %v", demoBinErr)
-	}
-	return demoBinPath
-}
+// demoBinary returns the path of the static demo model binary, building it
+// on first use.
+func demoBinary(t *testing.T) string { return demoBin.Get(t)["infermesh-demo"] }
 
 // requireEngine is where every test that runs containers starts: it skips
 // in -short mode only, and otherwise builds the test image once and fails

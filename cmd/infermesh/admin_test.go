@@ -19,9 +19,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if binsDir != "" {
-			os.RemoveAll(binsDir)
-		}
+		bins.Remove()
 		os.Exit(code)
 	}))
 }

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,29 +27,9 @@ import (
 
 // Static builds of the demo model and this CLI, made once, in a directory
 // every user may read (the root-owned data test runs the CLI as nobody).
-var (
-	binsOnce sync.Once
-	binsDir  string
-	binPaths map[string]string
-	binsErr  error
-)
+var bins = &testbin.Lazy{Pkgs: []string{"./cmd/infermesh-demo", "./cmd/infermesh"}}
 
-func staticBins(t *testing.T) map[string]string {
-	t.Helper()
-	binsOnce.Do(func() {
-		if binsDir, binsErr = os.MkdirTemp("", "infermesh-cli-bin-"); binsErr != nil {
-			return
-		}
-		if binsErr = os.Chmod(binsDir, 0o755); binsErr != nil {
-			return
-		}
-		binPaths, binsErr = testbin.Build(binsDir, "./cmd/infermesh-demo", "./cmd/infermesh")
-	})
-	if binsErr != nil {
-		t.Fatalf("building binaries: %v", binsErr)
-	}
-	return binPaths
-}
+func staticBins(t *testing.T) map[string]string { return bins.Get(t) }
 
 var siteRun = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
 

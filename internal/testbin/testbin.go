@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"testing"
 )
 
 // ModuleRoot returns the directory of this module's go.mod.
@@ -46,4 +48,42 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 		out[name] = bin
 	}
 	return out, nil
+}
+
+// Lazy is a test binary's static builds of some commands: built on first
+// use (Get), once, into a directory every user may read (a test may run
+// them as another user); Remove deletes them.
+type Lazy struct {
+	// Pkgs are the module-relative packages, e.g. "./cmd/infermesh-demo".
+	Pkgs []string
+
+	once sync.Once
+	dir  string
+	bins map[string]string
+	err  error
+}
+
+// Get builds the commands once and returns their paths by name (the
+// package's last path element), failing the test when they do not build.
+func (l *Lazy) Get(t testing.TB) map[string]string {
+	t.Helper()
+	l.once.Do(func() {
+		if l.dir, l.err = os.MkdirTemp("", "infermesh-bin-"); l.err != nil {
+			return
+		}
+		if l.err = os.Chmod(l.dir, 0o755); l.err == nil {
+			l.bins, l.err = Build(l.dir, l.Pkgs...)
+		}
+	})
+	if l.err != nil {
+		t.Fatalf("building %v: %v", l.Pkgs, l.err)
+	}
+	return l.bins
+}
+
+// Remove deletes the builds, if any.
+func (l *Lazy) Remove() {
+	if l.dir != "" {
+		os.RemoveAll(l.dir)
+	}
 }
