@@ -290,3 +290,8 @@ func newHarness(t *testing.T, kind Kind) *harness {
 	h.p = p
 	return h
 }
+
+// fixed is a plan that installs in whatever the endpoint.
+func fixed(in Install) Plan {
+	return func(context.Context, Endpoint) (Install, error) { return in, nil }
+}

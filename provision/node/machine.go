@@ -37,7 +37,10 @@ type Record struct {
 	// Member is the name the node joined the mesh as.
 	Member string `json:"member,omitempty"`
 	// Failure is why the node failed, when it did.
-	Failure string    `json:"failure,omitempty"`
+	Failure string `json:"failure,omitempty"`
+	// Note says what the last step was about (the lease, the endpoint,
+	// the check), for the operator.
+	Note    string    `json:"note,omitempty"`
 	Updated time.Time `json:"updated"`
 }
 
@@ -165,7 +168,7 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 		if m.rec != nil {
 			return nil, fmt.Errorf("node %s already started (phase %s)", m.rec.Spec.Name, m.rec.Phase)
 		}
-		m.rec = &Record{Spec: s.Spec, Phase: PhaseLeasing, Updated: m.now()}
+		m.rec = &Record{Spec: s.Spec, Phase: PhaseLeasing, Note: "creating a " + string(s.Spec.Provider) + " lease", Updated: m.now()}
 		return []Command{CmdCreateLease{Spec: s.Spec}}, nil
 	}
 	r := m.rec
@@ -181,7 +184,7 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 		l := msg.Lease
 		r.Lease = &l
 		if msg.Endpoint == nil {
-			r.Phase = PhaseLocating
+			r.Phase, r.Note = PhaseLocating, "looking up the ssh endpoint of "+string(l.ID)
 			cmds = []Command{CmdLookupEndpoint{Lease: l}}
 			break
 		}
@@ -195,13 +198,13 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 		if r.Phase != PhaseLocating {
 			return nil, m.refuse(msg)
 		}
-		r.Phase, r.Failure = PhaseFailed, msg.Reason
+		r.Phase, r.Failure, r.Note = PhaseFailed, msg.Reason, msg.Reason
 	case MsgBootstrapObserved:
 		if r.Phase != PhaseBootstrapping && r.Phase != PhaseWaitingForJoin {
 			return nil, m.refuse(msg)
 		}
 		o := msg.Observation
-		r.Stage = o.Stage
+		r.Stage, r.Note = o.Stage, o.Marker
 		r.LastStdoutSeq = max(r.LastStdoutSeq, o.LastStdoutSeq)
 		r.LastStderrSeq = max(r.LastStderrSeq, o.LastStderrSeq)
 		switch o.Stage {
@@ -217,7 +220,7 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 		if r.Phase != PhaseBootstrapping && r.Phase != PhaseWaitingForJoin {
 			return nil, m.refuse(msg)
 		}
-		r.Phase, r.Failure = PhaseFailed, msg.Reason
+		r.Phase, r.Failure, r.Note = PhaseFailed, msg.Reason, msg.Reason
 	case MsgBootstrapClosed:
 		r.SessionOpen = false
 	case MsgInstalled:
@@ -225,6 +228,7 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 			return nil, m.refuse(msg)
 		}
 		r.Lease.Installed = append(r.Lease.Installed, msg.Item)
+		r.Note = msg.Item.Kind + " " + msg.Item.Path
 	case MsgNodeKey:
 		if r.Phase != PhaseBootstrapping {
 			return nil, m.refuse(msg)
@@ -255,12 +259,16 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 			h.Endpoint = &ep
 		}
 		r.Phase = PhaseDestroying
+		r.Note = "destroying the lease"
+		if h.LeaseID != "" {
+			r.Note += " " + string(h.LeaseID)
+		}
 		cmds = append(cmds, CmdDestroyLease{Handle: h})
 	case MsgLeaseDestroyed:
 		if r.Phase != PhaseDestroying {
 			return nil, m.refuse(msg)
 		}
-		r.Phase, r.Lease, r.SessionOpen = PhaseDestroyed, nil, false
+		r.Phase, r.Lease, r.SessionOpen, r.Note = PhaseDestroyed, nil, false, "lease destroyed"
 	default:
 		return nil, fmt.Errorf("unknown message %T", msg)
 	}
@@ -272,7 +280,7 @@ func (m *Machine) bootstrap(ep Endpoint) []Command {
 	r := m.rec
 	r.Endpoint = &ep
 	r.Phase = PhaseBootstrapping
-	r.Stage = StageCreated
+	r.Stage, r.Note = StageCreated, ep.String()
 	// The session exists from now until it reports closed: a teardown
 	// cancels it whatever happened in between.
 	r.SessionOpen = true

@@ -45,7 +45,7 @@ type ProvisionerConfig struct {
 type Provisioner struct {
 	cfg     ProvisionerConfig
 	m       *Machine
-	install Install
+	plan    Plan
 	session *Session
 
 	teardownComplete bool
@@ -119,14 +119,18 @@ func (p *Provisioner) handle(msg Msg) ([]Command, error) {
 }
 
 // Start leases the host for spec and runs the bootstrap session, which
-// installs what install says, up to waiting_for_join. The intent is stored
-// before the lease is created. On any failure (ctx ending included) the
-// node is torn down and the original error returned.
-func (p *Provisioner) Start(ctx context.Context, spec Spec, install Install) error {
+// installs what plan renders for the lease's endpoint, up to
+// waiting_for_join. The intent is stored before the lease is created. On
+// any failure (ctx ending included) the node is torn down and the
+// original error returned.
+func (p *Provisioner) Start(ctx context.Context, spec Spec, plan Plan) error {
 	if err := spec.Validate(); err != nil {
 		return nodeErr(ErrNode, spec.Name, err)
 	}
-	p.install = install
+	if plan == nil {
+		plan = func(context.Context, Endpoint) (Install, error) { return Install{}, nil }
+	}
+	p.plan = plan
 	cmds, err := p.handle(MsgStart{Spec: spec})
 	if err != nil {
 		return err
@@ -241,9 +245,15 @@ func (p *Provisioner) process(ctx context.Context, cmds []Command) error {
 
 func (p *Provisioner) startBootstrap(ctx context.Context, c CmdStartBootstrap) error {
 	rec, _ := p.m.Record()
+	install, err := p.plan(ctx, c.Endpoint)
+	if err != nil {
+		reason := "plan the install: " + err.Error()
+		_, _ = p.handle(MsgBootstrapFailed{Reason: reason})
+		return &Error{Kind: ErrBootstrap, Node: rec.Spec.Name, Lease: c.Lease, Stage: StageCreated, Reason: reason, Err: err}
+	}
 	spec := SessionSpec{
 		Run: rec.Spec.Run, Node: rec.Spec.Name, Lease: c.Lease, Endpoint: c.Endpoint,
-		Boot: rec.Spec.Boot, Install: p.install,
+		Boot: rec.Spec.Boot, Install: install,
 		OnInstalled: func(it Installed) error {
 			_, err := p.handle(MsgInstalled{Item: it})
 			return err

@@ -22,7 +22,7 @@ func TestStartRunsEveryStageAndStoresIntentFirst(t *testing.T) {
 			t.Errorf("at lease creation the intent is %+v (stored %v), want phase leasing", rec, ok)
 		}
 	}
-	if err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall()); err != nil {
+	if err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall())); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	var stages []string
@@ -70,7 +70,7 @@ func TestInstallRecordsBeforeCreating(t *testing.T) {
 		}
 		return nil, nil, 0, nil
 	}
-	if err := h.p.Start(context.Background(), testSpec(KindSSH), testInstall()); err != nil {
+	if err := h.p.Start(context.Background(), testSpec(KindSSH), fixed(testInstall())); err != nil {
 		t.Fatal(err)
 	}
 	rec, _ := h.intents.get("gpu-7")
@@ -98,7 +98,7 @@ func TestLogSequenceNumbers(t *testing.T) {
 		}
 		return nil, nil, 0, nil
 	}
-	if err := h.p.Start(context.Background(), testSpec(KindDocker), Install{}); err != nil {
+	if err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(Install{})); err != nil {
 		t.Fatal(err)
 	}
 	want := []struct {
@@ -130,7 +130,7 @@ func TestLogSequenceNumbers(t *testing.T) {
 func TestConvergenceFlushesAndCloses(t *testing.T) {
 	h := newHarness(t, KindDocker)
 	ctx := context.Background()
-	if err := h.p.Start(ctx, testSpec(KindDocker), testInstall()); err != nil {
+	if err := h.p.Start(ctx, testSpec(KindDocker), fixed(testInstall())); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.p.ObserveJoin(ctx, "gpu-7"); err != nil {
@@ -158,7 +158,7 @@ func TestConvergenceFlushesAndCloses(t *testing.T) {
 // lease.
 func TestCancelDoesNotFlush(t *testing.T) {
 	h := newHarness(t, KindDocker)
-	if err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall()); err != nil {
+	if err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall())); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.p.Stop(context.Background()); err != nil {
@@ -188,7 +188,7 @@ func TestContextCancelMidSession(t *testing.T) {
 		}
 		cancel()
 	}()
-	err := h.p.Start(ctx, testSpec(KindDocker), testInstall())
+	err := h.p.Start(ctx, testSpec(KindDocker), fixed(testInstall()))
 	var ne *Error
 	if !errors.As(err, &ne) || !errors.Is(err, ErrBootstrap) || ne.Stage != StageCancelled {
 		t.Fatalf("Start = %v, want ErrBootstrap at cancelled", err)
@@ -228,7 +228,7 @@ func TestEachStageFailure(t *testing.T) {
 					return nil, nil, 0, nil
 				}
 			}
-			err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall())
+			err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall()))
 			var ne *Error
 			if !errors.As(err, &ne) || !errors.Is(err, ErrBootstrap) {
 				t.Fatalf("Start = %v, want an ErrBootstrap *Error", err)
@@ -260,7 +260,7 @@ func TestEachStageFailure(t *testing.T) {
 func TestEndpointUnavailable(t *testing.T) {
 	h := newHarness(t, KindDocker)
 	h.lease.noEndpoint, h.lease.lookupFails = true, true
-	err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall())
+	err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall()))
 	var ne *Error
 	if !errors.As(err, &ne) || !errors.Is(err, ErrEndpointUnavailable) || ne.Lease != "docker:c1" {
 		t.Fatalf("Start = %v, want ErrEndpointUnavailable for docker:c1", err)
@@ -278,7 +278,7 @@ func TestEndpointUnavailable(t *testing.T) {
 func TestProviderFailureTearsDownByName(t *testing.T) {
 	h := newHarness(t, KindDocker)
 	h.lease.createErr = errors.New("no space left")
-	err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall())
+	err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall()))
 	if !errors.Is(err, ErrProvider) || !strings.Contains(err.Error(), "no space left") {
 		t.Fatalf("Start = %v, want ErrProvider with the reason", err)
 	}
@@ -291,7 +291,7 @@ func TestProviderFailureTearsDownByName(t *testing.T) {
 // to refuse; the refusal is a provider error.
 func TestWrongProviderSpecRefused(t *testing.T) {
 	h := newHarness(t, KindDocker)
-	err := h.p.Start(context.Background(), testSpec(KindSSH), testInstall())
+	err := h.p.Start(context.Background(), testSpec(KindSSH), fixed(testInstall()))
 	if !errors.Is(err, ErrProvider) {
 		t.Fatalf("Start = %v, want ErrProvider", err)
 	}
@@ -304,7 +304,7 @@ func TestTeardownFailureKeepsIntent(t *testing.T) {
 	h := newHarness(t, KindDocker)
 	h.client.connectErr = errors.New("refused")
 	h.lease.destroyErr = errors.New("daemon gone")
-	err := h.p.Start(context.Background(), testSpec(KindDocker), testInstall())
+	err := h.p.Start(context.Background(), testSpec(KindDocker), fixed(testInstall()))
 	var ne *Error
 	if !errors.As(err, &ne) || !errors.Is(err, ErrBootstrap) || ne.Teardown == nil || !strings.Contains(err.Error(), "daemon gone") {
 		t.Fatalf("Start = %v, want the bootstrap error with the teardown's attached", err)
@@ -343,7 +343,7 @@ func TestCloseCarriesDropsRule(t *testing.T) {
 		t.Run(fmt.Sprintf("converged=%v", converge), func(t *testing.T) {
 			h := newHarness(t, KindDocker)
 			ctx := context.Background()
-			if err := h.p.Start(ctx, testSpec(KindDocker), testInstall()); err != nil {
+			if err := h.p.Start(ctx, testSpec(KindDocker), fixed(testInstall())); err != nil {
 				t.Fatal(err)
 			}
 			if converge {
@@ -422,7 +422,7 @@ func TestSudoForNonRootUsers(t *testing.T) {
 	h := newHarness(t, KindSSH)
 	lease := &fakeLease{kind: KindSSH}
 	p, _ := NewProvisioner(ProvisionerConfig{Lease: sshUserLease{lease, "ops"}, Clients: fakeFactory{h.client}})
-	if err := p.Start(context.Background(), testSpec(KindSSH), testInstall()); err != nil {
+	if err := p.Start(context.Background(), testSpec(KindSSH), fixed(testInstall())); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range h.client.ran() {
