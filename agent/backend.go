@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -22,6 +20,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
@@ -327,7 +326,7 @@ func (b *Backend) SetPolicy(_ context.Context, by admin.Caller, c admin.PolicyCh
 			return admin.PolicyResult{}, admin.Errorf(admin.ErrInvalid, "%q is this node", k.Node)
 		}
 		if validNodeName(k.Node) != nil {
-			if _, err := mesh.ParsePublicKey(k.Node); err != nil {
+			if _, err := identity.ParsePublicKey(k.Node); err != nil {
 				return admin.PolicyResult{}, admin.Errorf(admin.ErrInvalid, "%q is neither a node name nor a public key", k.Node)
 			}
 		}
@@ -494,7 +493,7 @@ func (b *Backend) Peers(context.Context) ([]admin.Peer, error) {
 			Roles: append([]string{}, byNode[m.Name]...),
 		}
 		if len(m.PublicKey) > 0 {
-			p.PublicKey = mesh.EncodeKey(m.PublicKey)
+			p.PublicKey = identity.EncodeKey(m.PublicKey)
 		}
 		if m.Scope != 0 {
 			p.Scope = m.Scope.String()
@@ -695,15 +694,6 @@ func (b *Backend) proxyOrder(role string, ds []admin.Decision) {
 
 var errNoMesh = admin.Errorf(admin.ErrNotConfigured, "the mesh is not configured on this node (mesh.bind is empty)")
 
-func keyFingerprint(key string) string {
-	k, err := mesh.ParseGossipKey(key)
-	if err != nil {
-		return ""
-	}
-	sum := sha256.Sum256(k)
-	return hex.EncodeToString(sum[:8])
-}
-
 // Keyring implements admin.Backend.
 func (b *Backend) Keyring(context.Context) (admin.Keyring, error) {
 	if b.mesh == nil {
@@ -712,7 +702,7 @@ func (b *Backend) Keyring(context.Context) (admin.Keyring, error) {
 	keys, members := b.mesh.ListKeys()
 	out := admin.Keyring{Members: members, Keys: make([]admin.GossipKey, 0, len(keys))}
 	for _, k := range keys {
-		out.Keys = append(out.Keys, admin.GossipKey{Key: k.Key, Fingerprint: keyFingerprint(k.Key), Primary: k.Primary, Nodes: k.Nodes})
+		out.Keys = append(out.Keys, admin.GossipKey{Key: k.Key, Fingerprint: k.Fingerprint.String(), Primary: k.Primary, Nodes: k.Nodes})
 	}
 	return out, nil
 }
@@ -733,10 +723,10 @@ func (b *Backend) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Ke
 			}
 		}
 	}
-	if _, err := mesh.ParseGossipKey(key); err != nil {
+	raw, err := identity.ParseGossipKey(key)
+	if err != nil {
 		return admin.Keyring{}, admin.Errorf(admin.ErrInvalid, "%v", err)
 	}
-	var err error
 	switch c.Op {
 	case admin.KeyringInstall:
 		err = b.mesh.InstallKey(key)
@@ -756,7 +746,7 @@ func (b *Backend) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Ke
 		return admin.Keyring{}, err
 	}
 	b.a.audit.Record(Event{Kind: AuditAdminKeyring, Fields: map[string]string{
-		"op": c.Op, "fingerprint": keyFingerprint(key), "by": by.String(),
+		"op": c.Op, "fingerprint": identity.GossipKeyFingerprint(raw).String(), "by": by.String(),
 	}})
 	return b.Keyring(ctx)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
@@ -312,8 +313,8 @@ func newFakeMesh(keys ...string) *fakeMesh { return &fakeMesh{revoked: map[strin
 
 func (f *fakeMesh) Members() []mesh.PeerInfo {
 	return []mesh.PeerInfo{
-		{Name: "a", Scope: mesh.ScopeFull, Admitted: true, Self: true, GossipAddr: "127.0.0.1:7946"},
-		{Name: "b", Scope: mesh.ScopeFull, Admitted: true, GossipAddr: "127.0.0.2:7946"},
+		{Name: "a", Scope: identity.ScopeFull, Admitted: true, Self: true, GossipAddr: "127.0.0.1:7946"},
+		{Name: "b", Scope: identity.ScopeFull, Admitted: true, GossipAddr: "127.0.0.2:7946"},
 		{Name: "x", Why: "revoked", GossipAddr: "127.0.0.9:7946"},
 	}
 }
@@ -323,7 +324,11 @@ func (f *fakeMesh) ListKeys() ([]mesh.KeyStatus, int) {
 	defer f.mu.Unlock()
 	var out []mesh.KeyStatus
 	for i, k := range f.keys {
-		out = append(out, mesh.KeyStatus{Key: k, Primary: i == 0, Nodes: 3 - i})
+		raw, err := identity.ParseGossipKey(k)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, mesh.KeyStatus{Key: k, Fingerprint: identity.GossipKeyFingerprint(raw), Primary: i == 0, Nodes: 3 - i})
 	}
 	return out, 3
 }
@@ -433,8 +438,8 @@ func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 }
 
 func TestKeyringThroughTheBackend(t *testing.T) {
-	k1, _ := mesh.NewGossipKey()
-	k2, _ := mesh.NewGossipKey()
+	k1, _ := identity.NewGossipKey()
+	k2, _ := identity.NewGossipKey()
 	dir := t.TempDir()
 	m := newFakeMesh(k1)
 	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{Mesh: m})

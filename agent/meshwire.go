@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 )
 
@@ -19,20 +20,20 @@ import (
 func (c *Config) MeshTrust() (mesh.TrustConfig, error) {
 	var t mesh.TrustConfig
 	if a := strings.TrimSpace(c.Trust.Authority); a != "" {
-		k, err := mesh.ParsePublicKey(a)
+		k, err := identity.ParsePublicKey(a)
 		if err != nil {
 			return t, fieldErr("trust.authority", "%v", err)
 		}
 		t.Authorities = append(t.Authorities, k)
 	}
 	for i, n := range c.Trust.Nodes {
-		k, err := mesh.ParsePublicKey(n.PublicKey)
+		k, err := identity.ParsePublicKey(n.PublicKey)
 		if err != nil {
 			return t, fieldErr(fmt.Sprintf("trust.nodes[%d].public_key", i), "%v", err)
 		}
-		scope := mesh.ScopeFull
+		scope := identity.ScopeFull
 		if n.Scope != "" {
-			if scope, err = mesh.ParseScope(n.Scope); err != nil {
+			if scope, err = identity.ParseScope(n.Scope); err != nil {
 				return t, fieldErr(fmt.Sprintf("trust.nodes[%d].scope", i), "%v", err)
 			}
 		}
@@ -49,7 +50,7 @@ func (c *Config) certificateText() (string, error) {
 	if v == "" {
 		return "", nil
 	}
-	if _, err := mesh.ParseCertificate(v); err == nil {
+	if _, err := identity.ParseCertificate(v); err == nil {
 		return v, nil
 	}
 	p := v

@@ -26,6 +26,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
@@ -130,7 +131,7 @@ func newTestMesh(t testing.TB, names ...string) *testMesh {
 	t.Helper()
 	root := t.TempDir()
 	tm := &testMesh{t: t, root: root, keyring: filepath.Join(root, "keyring.json"), nodes: map[string]*meshNode{}}
-	if _, err := mesh.WriteNewKeyring(tm.keyring); err != nil {
+	if _, err := identity.WriteNewKeyring(tm.keyring); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range names {
@@ -139,11 +140,11 @@ func newTestMesh(t testing.TB, names ...string) *testMesh {
 		if err := os.MkdirAll(n.stateDir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		key, err := mesh.WriteNewKey(filepath.Join(n.stateDir, mesh.NodeKeyFile))
+		key, err := identity.WriteNewKey(filepath.Join(n.stateDir, identity.NodeKeyFile))
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.pub = mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+		n.pub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
 		n.bind = net.JoinHostPort(ip, fmt.Sprint(freeTCPUDPPort(t, ip)))
 		tm.nodes[name] = n
 		tm.order = append(tm.order, name)

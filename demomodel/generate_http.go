@@ -1,12 +1,13 @@
 package demomodel
 
 import (
-	"context"
 	"net/http"
 	"strconv"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/internal/ctxwait"
 )
 
 // genKind describes one of the two generation endpoints: chat completions
@@ -188,7 +189,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKin
 	// Simulate generation time: the answer is ready when the last token
 	// would have been streamed.
 	if d := s.cfg.TokenDelay * time.Duration(g.tokens-1); d > 0 {
-		if !sleepCtx(r.Context(), d) {
+		if !ctxwait.Sleep(r.Context(), d) {
 			s.canceled.Add(1)
 			return
 		}
@@ -355,16 +356,4 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, k *genKind, g *g
 		return
 	}
 	s.streamsCompleted.Add(1)
-}
-
-// sleepCtx waits for d or until ctx ends; it reports whether d elapsed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -139,7 +140,7 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 		m.refuse(auditAdvertRefused, origin, role, reasonMalformed, err.Error())
 		return
 	}
-	if err := ValidateNodeName(origin); err != nil {
+	if err := identity.ValidateNodeName(origin); err != nil {
 		m.refuse(auditAdvertRefused, "", role, reasonMalformed, err.Error())
 		return
 	}
@@ -156,7 +157,7 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 	case !ed25519.Verify(p.meta.key, signed, sig):
 		m.refuse(auditAdvertRefused, origin, role, reasonBadSignature, "signature is not by the origin's key")
 		return
-	case scope != ScopeFull:
+	case scope != identity.ScopeFull:
 		m.refuse(auditAdvertRefused, origin, role, reasonNotFullScope, "origin is admitted as "+scope.String())
 		return
 	}
@@ -330,7 +331,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 	if m.sink == nil {
 		return
 	}
-	if m.selfScope() != ScopeFull {
+	if m.selfScope() != identity.ScopeFull {
 		// Consumers may not serve: nobody would hear our adverts.
 		return
 	}

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -51,7 +52,7 @@ type Config struct {
 	// NodeName is this node's name, also its memberlist name. Default: the
 	// host name.
 	NodeName string
-	// StateDir holds the node key (NodeKeyFile) and, by default, the gossip
+	// StateDir holds the node key (identity.NodeKeyFile) and, by default, the gossip
 	// keyring. Required.
 	StateDir string
 	// KeyFile overrides the node key path. Default: StateDir/node.key.
@@ -72,7 +73,7 @@ type Config struct {
 	// empty list is a valid single-node mesh.
 	Join []string
 	// KeyringPath is the gossip keyring file; relative paths are inside
-	// StateDir. It must exist (see WriteNewKeyring). Default
+	// StateDir. It must exist (see identity.WriteNewKeyring). Default
 	// StateDir/keyring.json.
 	KeyringPath string
 	// Certificate is this node's admission certificate (text form), if the
@@ -182,13 +183,13 @@ func (c Config) withDefaults() (Config, error) {
 		c.Now = time.Now
 	}
 
-	if err := ValidateNodeName(c.NodeName); err != nil {
+	if err := identity.ValidateNodeName(c.NodeName); err != nil {
 		return c, fmt.Errorf("NodeName: %w", err)
 	}
 	if c.StateDir == "" {
 		return c, errors.New("StateDir: required")
 	}
-	setStr(&c.KeyFile, filepath.Join(c.StateDir, NodeKeyFile))
+	setStr(&c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
 	setStr(&c.KeyringPath, DefaultKeyringFile)
 	if !filepath.IsAbs(c.KeyringPath) {
 		c.KeyringPath = filepath.Join(c.StateDir, c.KeyringPath)

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -38,7 +39,7 @@ func newTestCluster(t *testing.T) *testCluster {
 	t.Helper()
 	root := t.TempDir()
 	kr := filepath.Join(root, "keyring.json")
-	if _, err := WriteNewKeyring(kr); err != nil {
+	if _, err := identity.WriteNewKeyring(kr); err != nil {
 		t.Fatal(err)
 	}
 	_, auth, err := ed25519.GenerateKey(rand.Reader)
@@ -120,16 +121,16 @@ func (c *testCluster) config(name string) Config {
 }
 
 // certFor makes name's key in its state dir and returns a certificate.
-func (c *testCluster) certFor(cfg Config, scope Scope, ttl time.Duration) string {
+func (c *testCluster) certFor(cfg Config, scope identity.Scope, ttl time.Duration) string {
 	c.t.Helper()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		c.t.Fatal(err)
 	}
-	key, _, err := LoadOrCreateKey(filepath.Join(cfg.StateDir, NodeKeyFile))
+	key, _, err := identity.LoadOrCreateKey(filepath.Join(cfg.StateDir, identity.NodeKeyFile))
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	cert, err := IssueCertificate(c.authority, cfg.NodeName, key.Public().(ed25519.PublicKey), scope, ttl, time.Now())
+	cert, err := identity.IssueCertificate(c.authority, cfg.NodeName, key.Public().(ed25519.PublicKey), scope, ttl, time.Now())
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func (c *testCluster) certFor(cfg Config, scope Scope, ttl time.Duration) string
 // node starts an admitted (full-scope certificate) node.
 func (c *testCluster) node(name string) *testNode {
 	cfg := c.config(name)
-	cfg.Certificate = c.certFor(cfg, ScopeFull, time.Hour)
+	cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
 	return c.start(cfg)
 }
 

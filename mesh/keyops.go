@@ -2,13 +2,29 @@ package mesh
 
 import (
 	"bytes"
-	"encoding/base64"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/identity"
 )
+
+// ErrPrimaryKey is returned when removing the primary gossip key.
+var ErrPrimaryKey = errors.New("the primary gossip key cannot be removed")
+
+// ErrKeyNotInstalled is returned when using or removing an unknown key.
+var ErrKeyNotInstalled = errors.New("gossip key not installed")
+
+// KeyStatus is one gossip key as ListKeys reports it.
+type KeyStatus struct {
+	Key         string               // base64
+	Fingerprint identity.Fingerprint // the key's name in node meta, the admin API and the audit log
+	Primary     bool                 // used to encrypt; the others only decrypt
+	Nodes       int                  // live members (this one included) holding the key
+}
 
 // How long a keyring change waits for our new meta (the key fingerprints
 // ListKeys counts) to start spreading.
@@ -21,7 +37,7 @@ const keyringUpdateTimeout = 5 * time.Second
 func (m *Mesh) ListKeys() (keys []KeyStatus, members int) {
 	installed := m.keyring.GetKeys()
 	m.mu.RLock()
-	counts := make(map[[8]byte]int, len(installed))
+	counts := make(map[identity.Fingerprint]int, len(installed))
 	for _, p := range m.peers {
 		for _, fp := range p.meta.keyFPs {
 			counts[fp]++
@@ -30,10 +46,12 @@ func (m *Mesh) ListKeys() (keys []KeyStatus, members int) {
 	members = len(m.peers) + 1
 	m.mu.RUnlock()
 	for i, k := range installed {
+		fp := identity.GossipKeyFingerprint(k)
 		keys = append(keys, KeyStatus{
-			Key:     base64.StdEncoding.EncodeToString(k),
-			Primary: i == 0,
-			Nodes:   counts[keyFingerprint(k)] + 1,
+			Key:         identity.EncodeGossipKey(k),
+			Fingerprint: fp,
+			Primary:     i == 0,
+			Nodes:       counts[fp] + 1,
 		})
 	}
 	return keys, members
@@ -43,7 +61,7 @@ func (m *Mesh) ListKeys() (keys []KeyStatus, members int) {
 // only until UseKey, and persists the keyring file. Installing a key that is
 // already there does nothing.
 func (m *Mesh) InstallKey(key string) error {
-	k, err := ParseGossipKey(key)
+	k, err := identity.ParseGossipKey(key)
 	if err != nil {
 		return err
 	}
@@ -51,8 +69,8 @@ func (m *Mesh) InstallKey(key string) error {
 		if m.hasKey(k) {
 			return errUnchanged
 		}
-		if len(m.keyring.GetKeys()) >= maxGossipKeys {
-			return fmt.Errorf("keyring already holds %d keys, the most allowed; remove one first", maxGossipKeys)
+		if len(m.keyring.GetKeys()) >= identity.MaxGossipKeys {
+			return fmt.Errorf("keyring already holds %d keys, the most allowed; remove one first", identity.MaxGossipKeys)
 		}
 		return m.keyring.AddKey(k)
 	}, func() { _ = m.keyring.RemoveKey(k) })
@@ -61,7 +79,7 @@ func (m *Mesh) InstallKey(key string) error {
 // UseKey makes an installed key the primary (encrypting) key and persists
 // the keyring file.
 func (m *Mesh) UseKey(key string) error {
-	k, err := ParseGossipKey(key)
+	k, err := identity.ParseGossipKey(key)
 	if err != nil {
 		return err
 	}
@@ -81,7 +99,7 @@ func (m *Mesh) UseKey(key string) error {
 // RemoveKey removes a non-primary key from the keyring and persists the
 // keyring file. The primary key returns ErrPrimaryKey.
 func (m *Mesh) RemoveKey(key string) error {
-	k, err := ParseGossipKey(key)
+	k, err := identity.ParseGossipKey(key)
 	if err != nil {
 		return err
 	}
@@ -114,7 +132,7 @@ func (m *Mesh) changeKeyring(op string, change func() error, undo func()) error 
 		}
 		return fmt.Errorf("keyring %s: %w", op, err)
 	}
-	if err := saveKeyring(m.cfg.KeyringPath, m.keyring.GetKeys()); err != nil {
+	if err := identity.SaveKeyring(m.cfg.KeyringPath, m.keyring.GetKeys()); err != nil {
 		undo()
 		return fmt.Errorf("keyring %s: %w", op, err)
 	}

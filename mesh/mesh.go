@@ -1,8 +1,8 @@
-// Package mesh is a node's membership in the infermesh cluster: its
-// identity (an ed25519 key), who is admitted (static trust, admission
-// certificates, revocation), memberlist gossip encrypted with a rotatable
-// keyring, and the signed infer.<role> adverts that feed the placement
-// table.
+// Package mesh is a node's membership in the infermesh cluster: who is
+// admitted (static trust, admission certificates, revocation), memberlist
+// gossip encrypted with a rotatable keyring, and the signed infer.<role>
+// adverts that feed the placement table. Node keys, certificates and gossip
+// keys themselves are package identity's.
 package mesh
 
 import (
@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -40,7 +41,7 @@ type Mesh struct {
 	name string
 	priv ed25519.PrivateKey
 	pub  ed25519.PublicKey
-	cert *Certificate // our admission certificate, nil when none
+	cert *identity.Certificate // our admission certificate, nil when none
 	sink AdvertSink
 
 	ml      *memberlist.Memberlist
@@ -102,7 +103,7 @@ func New(cfg Config) (*Mesh, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mesh config: %w", err)
 	}
-	priv, created, err := LoadOrCreateKey(cfg.KeyFile)
+	priv, created, err := identity.LoadOrCreateKey(cfg.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("node key: %w", err)
 	}
@@ -119,7 +120,7 @@ func New(cfg Config) (*Mesh, error) {
 		removed:  map[string]bool{},
 	}
 	if created {
-		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", EncodeKey(m.pub)))
+		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeKey(m.pub)))
 	}
 	m.refusals.init()
 	m.metaCache.init()
@@ -127,20 +128,20 @@ func New(cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("mesh config: %w", err)
 	}
 	if cfg.Certificate != "" {
-		c, err := ParseCertificate(cfg.Certificate)
+		c, err := identity.ParseCertificate(cfg.Certificate)
 		if err != nil {
 			return nil, fmt.Errorf("mesh config: Certificate: %w", err)
 		}
 		if c.Name != m.name || !c.PublicKey.Equal(m.pub) {
 			return nil, fmt.Errorf("mesh config: Certificate: issued to %q with key %s, not to this node (%q, %s)",
-				c.Name, EncodeKey(c.PublicKey), m.name, EncodeKey(m.pub))
+				c.Name, identity.EncodeKey(c.PublicKey), m.name, identity.EncodeKey(m.pub))
 		}
 		if !cfg.Now().Before(c.Expires) {
 			m.log.Warn("admission certificate expired", zap.Time("expires", c.Expires))
 		}
 		m.cert = c
 	}
-	keys, err := LoadKeyring(cfg.KeyringPath)
+	keys, err := identity.LoadKeyring(cfg.KeyringPath)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: %w (create one with `infermesh keygen --gossip --keyring FILE`)", err)
 	}
@@ -172,7 +173,7 @@ func New(cfg Config) (*Mesh, error) {
 	m.wg.Add(1)
 	go m.advertiseLoop()
 	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
-		zap.String("public_key", EncodeKey(m.pub)))
+		zap.String("public_key", identity.EncodeKey(m.pub)))
 	return m, nil
 }
 
@@ -289,9 +290,9 @@ type PeerInfo struct {
 	GossipAddr string
 	QUICAddr   string
 	PublicKey  ed25519.PublicKey
-	Scope      Scope  // 0 when not admitted
-	Admitted   bool   // admitted right now
-	Why        string // why not admitted
+	Scope      identity.Scope // 0 when not admitted
+	Admitted   bool           // admitted right now
+	Why        string         // why not admitted
 	Self       bool
 }
 
@@ -327,7 +328,7 @@ func (m *Mesh) Members() []PeerInfo {
 
 // scopeOf returns node's scope now, or 0 and why it is not admitted. This
 // node is admitted by definition, with selfScope.
-func (m *Mesh) scopeOf(node string) (Scope, string, *peer) {
+func (m *Mesh) scopeOf(node string) (identity.Scope, string, *peer) {
 	if node == m.name {
 		return m.selfScope(), "", nil
 	}
@@ -343,7 +344,7 @@ func (m *Mesh) scopeOf(node string) (Scope, string, *peer) {
 
 // selfScope is this node's own scope as the others will see it: its static
 // trust entry if our trust lists us, else its certificate's, else full.
-func (m *Mesh) selfScope() Scope {
+func (m *Mesh) selfScope() identity.Scope {
 	m.mu.RLock()
 	t := m.trust
 	m.mu.RUnlock()
@@ -353,7 +354,7 @@ func (m *Mesh) selfScope() Scope {
 	if m.cert != nil {
 		return m.cert.Scope
 	}
-	return ScopeFull
+	return identity.ScopeFull
 }
 
 // IsAdmitted reports whether node is a live member admitted right now (any
@@ -364,10 +365,10 @@ func (m *Mesh) IsAdmitted(node string) bool {
 	return s != 0
 }
 
-// MayServe reports whether node is admitted right now with ScopeFull.
+// MayServe reports whether node is admitted right now with identity.ScopeFull.
 func (m *Mesh) MayServe(node string) bool {
 	s, _, _ := m.scopeOf(node)
-	return s == ScopeFull
+	return s == identity.ScopeFull
 }
 
 // PeerAddr returns the QUIC address an admitted peer advertised.
@@ -533,7 +534,7 @@ func (m *Mesh) Refusals() map[string]uint64 { return m.refusals.snapshot() }
 func (m *Mesh) rebuildMeta() error {
 	nm := &nodeMeta{cluster: m.cfg.Cluster, key: m.pub, quicAddr: m.cfg.QUICAddr, cert: m.cert}
 	for _, k := range m.keyring.GetKeys() {
-		nm.keyFPs = append(nm.keyFPs, keyFingerprint(k))
+		nm.keyFPs = append(nm.keyFPs, identity.GossipKeyFingerprint(k))
 	}
 	b, err := nm.marshal(m.name, m.priv)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/infermesh/infermesh/identity"
 )
 
 // cluster starts named admitted nodes, all joined to the first, each
@@ -182,7 +184,7 @@ func TestUntrustedNodesAreRefused(t *testing.T) {
 
 	// A consumer-scope node is a member, but its adverts are not heard.
 	ccfg := c.config("consumer")
-	ccfg.Certificate = c.certFor(ccfg, ScopeConsumer, time.Hour)
+	ccfg.Certificate = c.certFor(ccfg, identity.ScopeConsumer, time.Hour)
 	cons := c.start(ccfg)
 	cons.serve(t, "chat", "")
 	a.tab.AllowRemoteNode("chat", "consumer", true)
@@ -207,7 +209,7 @@ func TestUntrustedNodesAreRefused(t *testing.T) {
 	// Another cluster name (memberlist label) cannot join at all.
 	ocfg := c.config("other")
 	ocfg.Cluster = "elsewhere"
-	ocfg.Certificate = c.certFor(ocfg, ScopeFull, time.Hour)
+	ocfg.Certificate = c.certFor(ocfg, identity.ScopeFull, time.Hour)
 	other := c.start(ocfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
@@ -217,10 +219,10 @@ func TestUntrustedNodesAreRefused(t *testing.T) {
 	// Nor can a node with another gossip key.
 	kcfg := c.config("otherkey")
 	kcfg.KeyringPath = filepath.Join(c.root, "other-keyring.json")
-	if _, err := WriteNewKeyring(kcfg.KeyringPath); err != nil {
+	if _, err := identity.WriteNewKeyring(kcfg.KeyringPath); err != nil {
 		t.Fatal(err)
 	}
-	kcfg.Certificate = c.certFor(kcfg, ScopeFull, time.Hour)
+	kcfg.Certificate = c.certFor(kcfg, identity.ScopeFull, time.Hour)
 	otherKey := c.start(kcfg)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel2()
@@ -272,7 +274,7 @@ func TestRevocationAndExpiryStopResolutionAtOnce(t *testing.T) {
 		restore func() error
 	}{
 		{"by name", func() error { return a.m.Revoke("b") }, func() error { return a.m.Unrevoke("b") }},
-		{"by key", func() error { return a.m.Revoke(EncodeKey(b.m.PublicKey())) }, func() error { return a.m.Unrevoke(EncodeKey(b.m.PublicKey())) }},
+		{"by key", func() error { return a.m.Revoke(identity.EncodeKey(b.m.PublicKey())) }, func() error { return a.m.Unrevoke(identity.EncodeKey(b.m.PublicKey())) }},
 		{"certificate expiry", func() error { a.clock.Advance(2 * time.Hour); return nil }, func() error { a.clock.Advance(-2 * time.Hour); return nil }},
 		{"trust reload", func() error { return a.m.SetTrust(TrustConfig{}) }, func() error { return a.m.SetTrust(c.config("a").Trust) }},
 	}
@@ -314,7 +316,7 @@ func TestTTLExpiryWithoutLeaving(t *testing.T) {
 	a := nodes[0]
 	// b never re-advertises: it has no sink, and we publish one advert by hand.
 	bcfg := c.config("b")
-	bcfg.Certificate = c.certFor(bcfg, ScopeFull, time.Hour)
+	bcfg.Certificate = c.certFor(bcfg, identity.ScopeFull, time.Hour)
 	bcfg.Sink = noSink{}
 	b := c.start(bcfg)
 	a.tab.AllowRemoteNode("chat", "b", true)
@@ -402,7 +404,7 @@ func TestDuplicateNameAndKeyAreRefused(t *testing.T) {
 	t.Run("same name, other key", func(t *testing.T) {
 		cfg := c.config("b")
 		cfg.StateDir = filepath.Join(c.root, "b-impostor")
-		cfg.Certificate = c.certFor(cfg, ScopeFull, time.Hour)
+		cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
 		dup := c.start(cfg)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -417,14 +419,14 @@ func TestDuplicateNameAndKeyAreRefused(t *testing.T) {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		data, err := os.ReadFile(filepath.Join(c.root, "b", NodeKeyFile))
+		data, err := os.ReadFile(filepath.Join(c.root, "b", identity.NodeKeyFile))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(cfg.StateDir, NodeKeyFile), data, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(cfg.StateDir, identity.NodeKeyFile), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg.Certificate = c.certFor(cfg, ScopeFull, time.Hour)
+		cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
 		dup := c.start(cfg)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

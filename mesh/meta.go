@@ -4,6 +4,8 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+
+	"github.com/infermesh/infermesh/identity"
 )
 
 const (
@@ -14,7 +16,7 @@ const (
 	maxClusterLen  = 64
 	maxQUICAddrLen = 64
 	maxMetaLen     = 1 + 1 + maxClusterLen + ed25519.PublicKeySize + 1 + maxQUICAddrLen +
-		1 + maxCertLen + 1 + 8*maxGossipKeys + ed25519.SignatureSize
+		1 + identity.MaxCertLen + 1 + 8*identity.MaxGossipKeys + ed25519.SignatureSize
 )
 
 // errBadMeta is wrapped by every node meta that cannot be parsed or whose
@@ -30,8 +32,8 @@ type nodeMeta struct {
 	cluster  string
 	key      ed25519.PublicKey
 	quicAddr string
-	cert     *Certificate // nil: none (static trust)
-	keyFPs   [][8]byte
+	cert     *identity.Certificate // nil: none (static trust)
+	keyFPs   []identity.Fingerprint
 }
 
 func (m *nodeMeta) marshal(name string, priv ed25519.PrivateKey) ([]byte, error) {
@@ -41,8 +43,8 @@ func (m *nodeMeta) marshal(name string, priv ed25519.PrivateKey) ([]byte, error)
 	if len(m.quicAddr) > maxQUICAddrLen {
 		return nil, fmt.Errorf("QUIC address longer than %d bytes", maxQUICAddrLen)
 	}
-	if len(m.keyFPs) > maxGossipKeys {
-		return nil, fmt.Errorf("more than %d gossip keys", maxGossipKeys)
+	if len(m.keyFPs) > identity.MaxGossipKeys {
+		return nil, fmt.Errorf("more than %d gossip keys", identity.MaxGossipKeys)
 	}
 	b := make([]byte, 0, maxMetaLen)
 	b = append(b, metaVersion, byte(len(m.cluster)))
@@ -90,7 +92,7 @@ func parseMeta(name string, b []byte) (*nodeMeta, error) {
 	if n := int(r.byte()); n > 0 {
 		raw := r.bytes(n)
 		if r.err == nil {
-			c, err := unmarshalCertificate(raw)
+			c, err := identity.UnmarshalCertificate(raw)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", errBadMeta, err)
 			}
@@ -99,7 +101,7 @@ func parseMeta(name string, b []byte) (*nodeMeta, error) {
 	}
 	nfp := int(r.byte())
 	for range nfp {
-		var fp [8]byte
+		var fp identity.Fingerprint
 		copy(fp[:], r.bytes(8))
 		m.keyFPs = append(m.keyFPs, fp)
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/identity"
 )
 
 // PeerDirectory is where the transport learns which peers exist: where to
@@ -156,7 +158,7 @@ func (c TransportConfig) withDefaults() (TransportConfig, error) {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
-	if err := ValidateNodeName(c.Name); err != nil {
+	if err := identity.ValidateNodeName(c.Name); err != nil {
 		return c, fmt.Errorf("Name: %w", err)
 	}
 	if len(c.Key) != ed25519.PrivateKeySize {
@@ -419,7 +421,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if err := ValidateNodeName(node); err != nil {
+	if err := identity.ValidateNodeName(node); err != nil {
 		return fail(fmt.Errorf("mesh transport: request host %q is not a node id: %w", node, err))
 	}
 	key, ok := t.dir.PeerKey(node)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go/http3"
+
+	"github.com/infermesh/infermesh/identity"
 )
 
 // Reasons a peer is refused by the transport (OnRefused's why, and the keys
@@ -81,7 +83,7 @@ func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, 
 		return "", nil, &refusalError{why: RefusedBadCertificate, msg: "certificate key is not ed25519"}
 	}
 	name := leaf.Subject.CommonName
-	if err := ValidateNodeName(name); err != nil {
+	if err := identity.ValidateNodeName(name); err != nil {
 		return "", nil, &refusalError{why: RefusedBadCertificate, msg: "certificate names no node: " + err.Error()}
 	}
 	if want != "" && name != want {
@@ -97,7 +99,7 @@ func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, 
 	}
 	if !pinned.Equal(key) {
 		return "", nil, &refusalError{why: RefusedKeyMismatch, node: name,
-			msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, EncodeKey(key), EncodeKey(pinned))}
+			msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeKey(key), identity.EncodeKey(pinned))}
 	}
 	return name, key, nil
 }

@@ -7,14 +7,16 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/infermesh/infermesh/identity"
 )
 
 // TrustedNode is a node admitted by static configuration.
 type TrustedNode struct {
 	Name      string
 	PublicKey ed25519.PublicKey
-	// Scope is what the node may do; 0 means ScopeFull.
-	Scope Scope
+	// Scope is what the node may do; 0 means identity.ScopeFull.
+	Scope identity.Scope
 }
 
 // TrustConfig says which nodes are admitted. A node is admitted when it is
@@ -49,13 +51,13 @@ type revocation struct {
 func parseRevocation(s string) (revocation, error) {
 	s = strings.TrimSpace(s)
 	if strings.HasSuffix(s, "=") {
-		k, err := ParsePublicKey(s)
+		k, err := identity.ParsePublicKey(s)
 		if err != nil {
 			return revocation{}, fmt.Errorf("revocation %q: %w", s, err)
 		}
 		return revocation{key: string(k)}, nil
 	}
-	if err := ValidateNodeName(s); err != nil {
+	if err := identity.ValidateNodeName(s); err != nil {
 		return revocation{}, fmt.Errorf("revocation %q: neither a node name nor a public key: %w", s, err)
 	}
 	return revocation{name: s}, nil
@@ -94,16 +96,16 @@ func newTrustState(c TrustConfig, runtime map[revocation]bool) (*trustState, err
 		t.authorities = append(t.authorities, append(ed25519.PublicKey(nil), a...))
 	}
 	for i, n := range c.Nodes {
-		if err := ValidateNodeName(n.Name); err != nil {
+		if err := identity.ValidateNodeName(n.Name); err != nil {
 			return nil, fmt.Errorf("Trust.Nodes[%d]: %w", i, err)
 		}
 		if len(n.PublicKey) != ed25519.PublicKeySize {
 			return nil, fmt.Errorf("Trust.Nodes[%d] (%s): public key: %d bytes, want %d", i, n.Name, len(n.PublicKey), ed25519.PublicKeySize)
 		}
 		if n.Scope == 0 {
-			n.Scope = ScopeFull
+			n.Scope = identity.ScopeFull
 		}
-		if n.Scope != ScopeFull && n.Scope != ScopeConsumer {
+		if n.Scope != identity.ScopeFull && n.Scope != identity.ScopeConsumer {
 			return nil, fmt.Errorf("Trust.Nodes[%d] (%s): scope %v: want full or consumer", i, n.Name, n.Scope)
 		}
 		if _, dup := t.static[n.Name]; dup {
@@ -148,7 +150,7 @@ const (
 // certificate it presented (nil for none) and whether that certificate's
 // signature verified against t's authorities. It returns the scope, or 0
 // and the reason.
-func (t *trustState) admit(name string, key ed25519.PublicKey, cert *Certificate, certOK bool, now time.Time) (Scope, string) {
+func (t *trustState) admit(name string, key ed25519.PublicKey, cert *identity.Certificate, certOK bool, now time.Time) (identity.Scope, string) {
 	if t.revoked(name, key) {
 		return 0, whyRevoked
 	}
@@ -173,6 +175,6 @@ func (t *trustState) admit(name string, key ed25519.PublicKey, cert *Certificate
 }
 
 // certOK verifies cert against t's authorities; nil is not OK.
-func (t *trustState) certOK(cert *Certificate) bool {
-	return cert != nil && VerifyCertificate(cert, t.authorities) == nil
+func (t *trustState) certOK(cert *identity.Certificate) bool {
+	return cert != nil && identity.VerifyCertificate(cert, t.authorities) == nil
 }

@@ -7,47 +7,58 @@ import (
 	"time"
 )
 
-// ObservationKind says what a provider observed about a node.
+// ObservationKind says what a provider observed about an instance.
 type ObservationKind uint8
 
-// Observation kinds.
+// Observation kinds. A run of an instance (from start to end of its
+// process) ends with exactly one ObsExited or ObsFailed.
 const (
-	ObsStdout    ObservationKind = iota + 1 // a line the node wrote to stdout
-	ObsStderr                               // a line the node wrote to stderr
-	ObsTelemetry                            // a telemetry frame (Channel, Payload)
-	ObsProvider                             // a line from the provider itself
-	ObsExited                               // the node's process exited (Status)
-	ObsFailed                               // the provider lost or failed the node (Reason)
+	ObsStdout ObservationKind = iota + 1 // a line the instance wrote to stdout
+	ObsStderr                            // a line the instance wrote to stderr
+	// ObsTelemetry is a telemetry frame (Channel, Payload). It is part of
+	// the contract for runtimes that have structured frames to report; the
+	// Docker provider produces none (see DockerProvider).
+	ObsTelemetry
+	ObsProvider // a line from the provider itself
+	ObsExited   // the instance's process exited (Status; nil when unknown)
+	// ObsFailed: the runtime failed or lost the instance for a reason it
+	// can name (Reason): killed for running out of memory, or its resource
+	// vanished. Status is set when the process has an exit status.
+	ObsFailed
 )
 
-var obsNames = [...]string{"", "stdout", "stderr", "telemetry", "provider", "exited", "failed"}
+var obsNames = []string{"", "stdout", "stderr", "telemetry", "provider", "exited", "failed"}
 
-func (k ObservationKind) String() string {
-	if int(k) < len(obsNames) && k != 0 {
-		return obsNames[k]
+func (k ObservationKind) String() string { return kindName(k, obsNames, "ObservationKind") }
+
+// kindName is the name of k in names, or Type(k) for an unknown kind.
+func kindName[K ~uint8](k K, names []string, typ string) string {
+	if k != 0 && int(k) < len(names) {
+		return names[k]
 	}
-	return fmt.Sprintf("ObservationKind(%d)", k)
+	return fmt.Sprintf("%s(%d)", typ, k)
 }
 
-// Observation is one thing a provider saw about a node. Which fields are
-// set depends on Kind: Line for stdout/stderr/provider, Channel and Payload
-// for telemetry, Status for exited (nil when unknown), Reason for failed.
+// Observation is one thing a provider saw about an instance. Which fields
+// are set depends on Kind: Line for stdout/stderr/provider, Channel and
+// Payload for telemetry, Status for exited, Reason (and Status when known)
+// for failed.
 type Observation struct {
-	Kind    ObservationKind
-	RunID   uint64
-	NodeID  uint64
-	Ref     string // provider ref of the node
-	Time    time.Time
-	Line    string
-	Channel string
-	Payload string
-	Status  *int
-	Reason  string
+	Kind       ObservationKind
+	RunID      uint64
+	InstanceID uint64
+	Ref        string // provider ref of the instance
+	Time       time.Time
+	Line       string
+	Channel    string
+	Payload    string
+	Status     *int
+	Reason     string
 }
 
 // Sink receives observations. Providers call Observe from their own
-// goroutines, possibly concurrently for different nodes; Observe must be
-// safe for concurrent use and must not block (buffer or drop).
+// goroutines, possibly concurrently for different instances; Observe must
+// be safe for concurrent use and must not block (buffer or drop).
 type Sink interface {
 	Observe(Observation)
 }
@@ -61,100 +72,109 @@ func (f SinkFunc) Observe(o Observation) { f(o) }
 // Discard is a Sink that drops everything.
 var Discard Sink = SinkFunc(func(Observation) {})
 
-// EventKind is a lifecycle milestone of a node or instance.
+// EventKind is a lifecycle milestone of an instance.
 type EventKind uint8
 
-// Event kinds.
+// Event kinds. Their names are the audit event kinds the agent records,
+// prefixed "provision." (`infermesh events`).
 const (
 	EventProvisionStart  EventKind = iota + 1 // creating or adopting began
-	EventNodeLive                             // the node is up (instance: ready and registered)
+	EventInstanceLive                         // the instance answers its probe and is registered
 	EventProvisionFailed                      // a step failed; Message says which and why
-	EventNodeStopped                          // the node stopped (exited or removed)
+	EventInstanceStopped                      // the instance stopped (exited, failed or removed)
 )
 
-var eventNames = [...]string{"", "provision_start", "node_live", "provision_failed", "node_stopped"}
+var eventNames = []string{"", "provision_start", "instance_live", "provision_failed", "instance_stopped"}
 
-func (k EventKind) String() string {
-	if int(k) < len(eventNames) && k != 0 {
-		return eventNames[k]
-	}
-	return fmt.Sprintf("EventKind(%d)", k)
-}
+func (k EventKind) String() string { return kindName(k, eventNames, "EventKind") }
 
 // Event is a lifecycle milestone, for operators and the audit trail.
 type Event struct {
-	Kind     EventKind
-	RunID    uint64
-	NodeID   uint64
-	Role     string
-	Ref      string
-	Provider string // e.g. "docker"
-	Message  string
-	Time     time.Time
+	Kind       EventKind
+	RunID      uint64
+	InstanceID uint64
+	Role       string
+	Ref        string
+	Provider   string // e.g. "docker"
+	Message    string
+	Time       time.Time
 }
 
-// NodeHandle addresses a node a provider created or adopted.
-type NodeHandle struct {
-	NodeID     uint64
+// InstanceHandle addresses an instance attempt a provider created, adopted
+// or prepared.
+type InstanceHandle struct {
+	InstanceID uint64
 	RunID      uint64
 	Ref        string // stable provider-side address (docker: container name)
 	ResourceID string // provider resource id (docker: container id)
 	ProcessID  uint32 // 0 when unknown
 }
 
-// AdoptedNode is the result of a spec-addressed adoption.
-type AdoptedNode struct {
-	Handle NodeHandle
+// AdoptedInstance is the result of a spec-addressed adoption.
+type AdoptedInstance struct {
+	Handle InstanceHandle
 	// Ref is the stable provider-side address, for snapshot bookkeeping.
 	Ref string
 	// Running reports whether the resource was running when adopted.
 	Running bool
 }
 
-// ErrOfferUnsupported is returned by CreateNodeSelected when the provider
-// cannot honour an exact offer selection. Providers never substitute.
+// ErrOfferUnsupported is returned by CreateInstanceSelected when the
+// provider cannot honour an exact offer selection. Providers never
+// substitute.
 var ErrOfferUnsupported = errors.New("provider does not support exact offer selection")
 
 // ErrNotFound is returned when a handle's resource no longer exists.
 var ErrNotFound = errors.New("provider resource not found")
 
-// Provider acquires, adopts and releases provider resources for concrete
-// node attempts. A provider is safe for concurrent use across different
-// nodes; calls for the same node are serialized by the caller. Methods do
-// blocking I/O and honour ctx. Sinks passed in keep receiving observations
-// for the node until it is stopped or the provider is closed.
+// Provider acquires, adopts and releases the resources of concrete instance
+// attempts: the runtime side of an instance (a container, a process). A
+// provider is safe for concurrent use across different instances; calls for
+// the same instance are serialized by the caller. Methods do blocking I/O
+// and honour ctx. Sinks passed in keep receiving observations for the
+// instance until it is stopped or the provider is closed.
+//
+// An instance's life through a provider: CreateInstance (or AdoptBySpec,
+// or PrepareBySpec after a crash), StartInstance, MarkLive once it
+// answers; HaltInstance and StartInstance again to restart it in place;
+// StopInstance or StopBySpec to release it.
 type Provider interface {
-	// CreateNode acquires (or adopts an identical existing) resource for
-	// spec. Callers persist spec as durable intent before calling.
-	CreateNode(ctx context.Context, spec NodeSpec, sink Sink) (NodeHandle, error)
-	// CreateNodeSelected creates exactly the selected offer, or fails
+	// CreateInstance acquires (or adopts an identical existing) resource
+	// for spec, without starting it. Callers persist spec as durable intent
+	// before calling.
+	CreateInstance(ctx context.Context, spec ProvisionSpec, sink Sink) (InstanceHandle, error)
+	// CreateInstanceSelected creates exactly the selected offer, or fails
 	// (ErrOfferUnsupported) without substituting another. A nil offer
-	// means CreateNode.
-	CreateNodeSelected(ctx context.Context, spec NodeSpec, sink Sink, offer *uint64) (NodeHandle, error)
-	// StartBootstrap starts (or resumes) bootstrap work on a created resource.
-	StartBootstrap(ctx context.Context, h NodeHandle) error
-	// CancelBootstrap stops bootstrap work in progress, keeping the resource.
-	CancelBootstrap(ctx context.Context, h NodeHandle) error
-	// CompleteBootstrap marks bootstrap done (the node is live).
-	CompleteBootstrap(ctx context.Context, h NodeHandle) error
-	// StopNode stops and releases the resource. Already gone is success.
-	StopNode(ctx context.Context, h NodeHandle) error
+	// means CreateInstance.
+	CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error)
+	// StartInstance starts (or resumes) the instance's process on its
+	// created resource.
+	StartInstance(ctx context.Context, h InstanceHandle) error
+	// HaltInstance stops the instance's process, keeping its resource:
+	// StartInstance starts it again.
+	HaltInstance(ctx context.Context, h InstanceHandle) error
+	// MarkLive tells the provider the instance is live: it answered its
+	// readiness probe and serves.
+	MarkLive(ctx context.Context, h InstanceHandle) error
+	// StopInstance stops and releases the resource. Already gone is
+	// success.
+	StopInstance(ctx context.Context, h InstanceHandle) error
 	// AdoptBySpec finds the resource for spec and resumes observing it.
 	// ok is false when nothing matching exists.
-	AdoptBySpec(ctx context.Context, spec NodeSpec, sink Sink) (a AdoptedNode, ok bool, err error)
-	// PrepareMissingBootstrap recreates only the provider-local handle for a
-	// spec whose intent was persisted before its resource was started. It
-	// must never allocate or create a resource; ok is false when none exists.
-	PrepareMissingBootstrap(ctx context.Context, spec NodeSpec, sink Sink) (a AdoptedNode, ok bool, err error)
+	AdoptBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (a AdoptedInstance, ok bool, err error)
+	// PrepareBySpec recreates only the provider-local handle for a spec
+	// whose intent was persisted before its resource was started. It must
+	// never allocate or create a resource; ok is false when none exists.
+	PrepareBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (a AdoptedInstance, ok bool, err error)
 	// ProviderRef is the stable provider-side address for spec, derivable
 	// without provider state.
-	ProviderRef(spec NodeSpec) string
+	ProviderRef(spec ProvisionSpec) string
 	// ListManagedRefs lists resources carrying this agent's ownership labels
 	// (orphan detection). Providers without a label sweep return nil.
 	ListManagedRefs(ctx context.Context) ([]string, error)
 	// StopBySpec stops the resource addressed by spec. It returns false when
 	// nothing matching exists: already stopped is success.
-	StopBySpec(ctx context.Context, spec NodeSpec, sink Sink) (bool, error)
+	StopBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (bool, error)
 }
 
 // ProviderDefaults carries the reference design's default behaviour for the
@@ -162,35 +182,38 @@ type Provider interface {
 // supports.
 type ProviderDefaults struct{}
 
-// CreateNodeSelectedDefault implements the default of CreateNodeSelected for
-// providers that embed ProviderDefaults: any exact offer is refused.
-func CreateNodeSelectedDefault(ctx context.Context, p Provider, spec NodeSpec, sink Sink, offer *uint64) (NodeHandle, error) {
+// CreateInstanceSelectedDefault implements the default of
+// CreateInstanceSelected for providers that embed ProviderDefaults: any
+// exact offer is refused.
+func CreateInstanceSelectedDefault(ctx context.Context, p Provider, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
 	if offer != nil {
-		return NodeHandle{}, fmt.Errorf("%w %d", ErrOfferUnsupported, *offer)
+		return InstanceHandle{}, fmt.Errorf("%w %d", ErrOfferUnsupported, *offer)
 	}
-	return p.CreateNode(ctx, spec, sink)
+	return p.CreateInstance(ctx, spec, sink)
 }
 
-// CancelBootstrap does nothing.
-func (ProviderDefaults) CancelBootstrap(context.Context, NodeHandle) error { return nil }
+// HaltInstance does nothing.
+func (ProviderDefaults) HaltInstance(context.Context, InstanceHandle) error { return nil }
 
 // AdoptBySpec adopts nothing.
-func (ProviderDefaults) AdoptBySpec(context.Context, NodeSpec, Sink) (AdoptedNode, bool, error) {
-	return AdoptedNode{}, false, nil
+func (ProviderDefaults) AdoptBySpec(context.Context, ProvisionSpec, Sink) (AdoptedInstance, bool, error) {
+	return AdoptedInstance{}, false, nil
 }
 
-// PrepareMissingBootstrap prepares nothing.
-func (ProviderDefaults) PrepareMissingBootstrap(context.Context, NodeSpec, Sink) (AdoptedNode, bool, error) {
-	return AdoptedNode{}, false, nil
+// PrepareBySpec prepares nothing.
+func (ProviderDefaults) PrepareBySpec(context.Context, ProvisionSpec, Sink) (AdoptedInstance, bool, error) {
+	return AdoptedInstance{}, false, nil
 }
 
-// ProviderRef returns "node-<run>-<node>".
-func (ProviderDefaults) ProviderRef(spec NodeSpec) string {
-	return fmt.Sprintf("node-%d-%d", spec.RunID, spec.NodeID)
+// ProviderRef returns "instance-<run>-<instance>".
+func (ProviderDefaults) ProviderRef(spec ProvisionSpec) string {
+	return fmt.Sprintf("instance-%d-%d", spec.RunID, spec.InstanceID)
 }
 
 // ListManagedRefs lists nothing: no label sweep.
 func (ProviderDefaults) ListManagedRefs(context.Context) ([]string, error) { return nil, nil }
 
 // StopBySpec finds nothing.
-func (ProviderDefaults) StopBySpec(context.Context, NodeSpec, Sink) (bool, error) { return false, nil }
+func (ProviderDefaults) StopBySpec(context.Context, ProvisionSpec, Sink) (bool, error) {
+	return false, nil
+}

@@ -1,21 +1,136 @@
-// Package provision runs the inference instances an infermesh agent manages
-// and defines the provider contract that node bootstrap plugs into.
+// Package provision runs the model servers an infermesh agent manages on its
+// own host, and is where new hosts will be brought into the mesh.
+//
+// # Words
+//
+// A node is a host in the mesh: one agent (infermeshd), one node key, one
+// name (node.name). An instance is a model server an agent runs on its node
+// for a role: a container or a process. Everything in this package is about
+// instances unless its name says Node; the only node it knows today is its
+// own, whose name scopes what it owns (DockerConfig.Node, the
+// io.infermesh.node label).
+//
+//   - attempt: one concrete incarnation of an instance (AttemptID >= 1). A
+//     changed spec makes a new attempt; a restart does not.
+//   - run: a group of attempts provisioned together (RunID). A role's
+//     instance belongs to no run (0).
+//   - provider: what acquires and releases the resources of instances for a
+//     runtime (Provider; the Docker runtime's is DockerProvider).
+//   - resource: what a provider holds for an attempt: a container. Its ref is
+//     its stable provider-side address (the container name, derived from the
+//     spec); its resource id is the engine's id.
+//   - intent: an attempt's ProvisionSpec, written to the IntentStore before
+//     its resource is created and deleted after the resource is gone.
+//   - observation: what a provider saw of a running instance (output lines,
+//     the end of a run); event: a lifecycle milestone for operators and the
+//     audit trail ("provision.<kind>" in `infermesh events`).
+//
+// # What it owns, and what not
+//
+// It owns the instance provider contract, the Docker provider, the instance
+// Manager (create or adopt, probe, register in placement, restart within a
+// policy, sweep this node's orphans) and the intent store's bucket. It does
+// not own the placement table (package placement), the configuration (agent),
+// serving requests (proxy), or site-wide cleanup across nodes and runtimes
+// (cleanup, seed 004): the Manager's orphan sweep covers only this node's
+// containers of this site.
+//
+// # Layers
 //
 // Three layers, each usable on its own:
 //
-//   - The provider contract (Provider, NodeSpec, Observation, Event): how a
-//     runtime acquires, adopts and releases one concrete node attempt. The
-//     rules carried over from the reference design: attempt id 0 is reserved
-//     for an unbound template; a selected offer is authoritative (never
-//     substituted); PrepareMissingBootstrap never creates a resource; the
+//   - The provider contract (Provider, ProvisionSpec, Observation, Event): how
+//     a runtime acquires, adopts and releases one concrete instance attempt.
+//     The rules carried over from the reference design: attempt id 0 is
+//     reserved for an unbound template; a selected offer is authoritative
+//     (never substituted); PrepareBySpec never creates a resource; the
 //     provider ref of a spec is derivable without provider state; StopBySpec
 //     of something already gone is success (false, nil).
 //   - DockerProvider: the contract over a Docker engine. Containers get a
 //     deterministic name and io.infermesh.* ownership labels, publish their
 //     port on 127.0.0.1 only, and are only ever removed after their labels
 //     were re-checked client-side (fail closed).
-//   - Manager: turns the roles' desired instances into running, probed,
-//     supervised containers registered in placement. Intent is written to the
-//     IntentStore before any container is created, so an agent crash at any
-//     point leaves something to adopt or to clean up.
+//   - Manager: turns the roles' desired instances (InstanceSpec) into
+//     running, probed, supervised containers registered in placement. Intent
+//     is written to the IntentStore before any container is created, so an
+//     agent crash at any point leaves something to adopt or to clean up.
+//
+// A new runtime for instances (say, native processes) is a fourth piece
+// beside DockerProvider: an InstanceProvider the Manager drives.
+//
+// # Glossary: seed 000, the provision plugin contract
+//
+// The reference design calls an instance a node, and its start a bootstrap.
+// In infermesh a bootstrap is only ever the SSH session that brings a node
+// into the mesh (seed 001, below).
+//
+//	seed 000                      infermesh
+//	NodeProvisionSpec             ProvisionSpec: one instance attempt
+//	  run_id, attempt_id          RunID, AttemptID (0: unbound template, refused)
+//	  node_id                     InstanceID, stored as "instance_id";
+//	                              "node_id" is still read
+//	  stage_index                 dropped: an instance serves a role, not a
+//	                              stage of a run; intents with it still decode
+//	  image, env, args, mounts    Image, Env ([]EnvVar), Args, Mounts
+//	  (none)                      Role, Ports: what a role's instance adds
+//	ProviderMount                 Mount
+//	ProvisionEvent, its kind      Event, EventKind
+//	  ProvisionStart              EventProvisionStart
+//	  NodeLive                    EventInstanceLive
+//	  ProvisionFailed             EventProvisionFailed
+//	  NodeStopped                 EventInstanceStopped
+//	PluginObservation             Observation, ObservationKind
+//	  StdoutLine, StderrLine      ObsStdout, ObsStderr
+//	  TelemetryFrame              ObsTelemetry (none from Docker: DockerProvider)
+//	  ProviderLine                ObsProvider
+//	  Exited{status}              ObsExited (Status)
+//	  Failed{reason}              ObsFailed (Reason): killed out of memory,
+//	                              container vanished
+//	ProvisionLogLine, LogStream   LogLine in the instance's LogRing
+//	PluginObservationSink         Sink
+//	PluginSink                    Sink, SinkFunc
+//	PluginNodeHandle              InstanceHandle
+//	AdoptedNode                   AdoptedInstance
+//	ProvisionPlugin               Provider, defaults in ProviderDefaults
+//	  create_node                 CreateInstance
+//	  create_node_selected        CreateInstanceSelected
+//	  start_bootstrap             StartInstance
+//	  cancel_bootstrap            HaltInstance
+//	  complete_bootstrap          MarkLive
+//	  stop_node                   StopInstance
+//	  adopt_by_spec               AdoptBySpec
+//	  prepare_missing_bootstrap   PrepareBySpec
+//	  provider_ref_for            ProviderRef
+//	  list_managed_refs           ListManagedRefs
+//	  stop_by_spec                StopBySpec
+//
+// # Glossary: seed 001, node provisioning (to come)
+//
+// Seed 001 brings nodes into this package: a host is leased, bootstrapped
+// over SSH, and observed to join. It will live here, beside the instance
+// layer and sharing its Docker client and ownership labels, in files named
+// node_*.go so the two rooms stay apart:
+//
+//	seed 001                      infermesh
+//	LogicalNodeId                 the new node's name (node.name)
+//	swactor                       the agent, infermeshd
+//	SwactorId                     the joined node's key, as admitted
+//	SwarmJoinSpec                 the mesh join settings: join addresses,
+//	                              a reference to the join credential
+//	ProviderPlugin, ProviderKind  the node lease provider (node_lease*.go):
+//	                              docker (a node container running systemd
+//	                              and sshd) or ssh (an existing host)
+//	  create/destroy_lease        create and destroy a node lease
+//	  lookup_endpoint             the lease's SSH endpoint
+//	LeaseFacts, DestroyHandle     the lease record, kept in the node intent
+//	DockerCli                     DockerAPI, shared with the instance layer
+//	SshBootstrapSession           the bootstrap session (node_bootstrap.go),
+//	                              over golang.org/x/crypto/ssh
+//	  BootstrapStage              its stages, with the seed's messages
+//	  BootstrapLogRecord          a bootstrap log line: one sequence for
+//	                              stdout and stderr
+//	NodeManager                   the node provisioner (node_provisioner.go):
+//	  + DockerNodeProvisioner     one state machine per node that drives
+//	                              lease, session and join, and tears down
+//	                              on any failure
 package provision

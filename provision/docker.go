@@ -6,33 +6,33 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 	"github.com/docker/go-connections/nat"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/internal/defaults"
 )
 
 // Label keys the Docker provider puts on every container it creates. A
 // container is ours only if managed-by, site and node all match; anything
-// else is never stopped or removed.
+// else is never stopped or removed. The keys and their values are read back
+// from containers a previous agent created: they never change meaning.
 const (
 	LabelPrefix    = "io.infermesh."
 	LabelManagedBy = LabelPrefix + "managed-by"
 	LabelSite      = LabelPrefix + "site"
-	LabelNode      = LabelPrefix + "node" // agent node id
+	LabelNode      = LabelPrefix + "node" // the agent's node name: the host it runs on
 	LabelRole      = LabelPrefix + "role"
-	LabelRun       = LabelPrefix + "run"
+	LabelRun       = LabelPrefix + "run" // ProvisionSpec.RunID
 	LabelAttempt   = LabelPrefix + "attempt"
 	LabelTarget    = LabelPrefix + "target" // execution target
 	LabelSpecHash  = LabelPrefix + "spec-hash"
@@ -70,14 +70,14 @@ var (
 	ErrMountSource = errors.New("bind-mount source does not exist")
 	// ErrUnknownHandle is returned for a handle the provider did not create,
 	// adopt or prepare (or already stopped).
-	ErrUnknownHandle = errors.New("unknown node handle")
+	ErrUnknownHandle = errors.New("unknown instance handle")
 )
 
 // DockerConfig configures a DockerProvider. Zero values mean the default.
 type DockerConfig struct {
-	// Site and Node scope ownership: they go into every container's name and
-	// labels, and only containers with both are ever listed or removed.
-	// Required; token characters [A-Za-z0-9._-].
+	// Site and Node (this agent's node name) scope ownership: they go into
+	// every container's name and labels, and only containers with both are
+	// ever listed or removed. Required; token characters [A-Za-z0-9._-].
 	Site string
 	Node string
 	// Target is the execution-target label value. Default "docker".
@@ -111,18 +111,10 @@ func (c *DockerConfig) fill() error {
 	if err := validToken(c.Node); err != nil {
 		return fmt.Errorf("docker config: Node: %w", err)
 	}
-	if c.Target == "" {
-		c.Target = d.Target
-	}
-	if c.StopTimeout <= 0 {
-		c.StopTimeout = d.StopTimeout
-	}
-	if c.CallTimeout <= 0 {
-		c.CallTimeout = d.CallTimeout
-	}
-	if c.LogTail <= 0 {
-		c.LogTail = d.LogTail
-	}
+	defaults.Zero(&c.Target, d.Target)
+	defaults.Positive(&c.StopTimeout, d.StopTimeout)
+	defaults.Positive(&c.CallTimeout, d.CallTimeout)
+	defaults.Positive(&c.LogTail, d.LogTail)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -145,8 +137,18 @@ func validToken(s string) error {
 	return nil
 }
 
-// DockerProvider implements Provider over a Docker engine. Safe for
-// concurrent use; calls for one node must be serialized by the caller.
+// DockerProvider implements Provider over a Docker engine: an instance is a
+// container. Safe for concurrent use; calls for one instance must be
+// serialized by the caller.
+//
+// Observations: the container's stdout and stderr lines, the provider's
+// own lines, and the end of each run: ObsExited with the exit status, or
+// ObsFailed when the engine reports the run was killed for running out of
+// memory (State.OOMKilled) or the container vanished while watched.
+// It produces no ObsTelemetry: the engine's only per-container numbers are
+// its stats stream, which would hold one more connection per container
+// open for figures nothing in infermesh reads (the agent's metrics are its
+// own, on /metrics). A runtime with structured frames to report sends them.
 type DockerProvider struct {
 	ProviderDefaults
 
@@ -154,15 +156,15 @@ type DockerProvider struct {
 	cfg DockerConfig
 	log *zap.Logger
 
-	mu     sync.Mutex
-	nodes  map[string]*dockerNode // by ref
-	closed bool
-	wg     sync.WaitGroup // watcher goroutines
+	mu        sync.Mutex
+	instances map[string]*dockerInstance // by ref
+	closed    bool
+	wg        sync.WaitGroup // watcher goroutines
 }
 
-// dockerNode is the provider-local state of one container we manage.
-type dockerNode struct {
-	spec NodeSpec
+// dockerInstance is the provider-local state of one container we manage.
+type dockerInstance struct {
+	spec ProvisionSpec
 	sink Sink
 	id   string // container id
 
@@ -183,7 +185,7 @@ func NewDockerProvider(api DockerAPI, cfg DockerConfig) (*DockerProvider, error)
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	return &DockerProvider{api: api, cfg: cfg, log: cfg.Logger, nodes: make(map[string]*dockerNode)}, nil
+	return &DockerProvider{api: api, cfg: cfg, log: cfg.Logger, instances: make(map[string]*dockerInstance)}, nil
 }
 
 // Close stops every log and exit watcher and waits for them. Containers are
@@ -191,7 +193,7 @@ func NewDockerProvider(api DockerAPI, cfg DockerConfig) (*DockerProvider, error)
 func (p *DockerProvider) Close() error {
 	p.mu.Lock()
 	p.closed = true
-	for _, n := range p.nodes {
+	for _, n := range p.instances {
 		if n.cancel != nil {
 			n.cancel()
 			n.cancel = nil
@@ -206,21 +208,21 @@ func (p *DockerProvider) Close() error {
 func (p *DockerProvider) Config() DockerConfig { return p.cfg }
 
 // ProviderRef returns the container name for spec:
-// infermesh-<site>-<node>-<role>-<attempt>, or with r<run>n<node> in place
-// of the role for specs without one. It needs no provider state.
-func (p *DockerProvider) ProviderRef(spec NodeSpec) string {
+// infermesh-<site>-<node>-<role>-<attempt>, or with r<run>i<instance> in
+// place of the role for specs without one. It needs no provider state.
+func (p *DockerProvider) ProviderRef(spec ProvisionSpec) string {
 	return containerName(p.cfg.Site, p.cfg.Node, spec)
 }
 
-func containerName(site, node string, spec NodeSpec) string {
+func containerName(site, node string, spec ProvisionSpec) string {
 	who := spec.Role
 	if who == "" {
-		who = fmt.Sprintf("r%dn%d", spec.RunID, spec.NodeID)
+		who = fmt.Sprintf("r%di%d", spec.RunID, spec.InstanceID)
 	}
 	return fmt.Sprintf("infermesh-%s-%s-%s-%d", site, node, who, spec.AttemptID)
 }
 
-func (p *DockerProvider) labels(spec NodeSpec) map[string]string {
+func (p *DockerProvider) labels(spec ProvisionSpec) map[string]string {
 	return map[string]string{
 		LabelManagedBy: ManagedByValue,
 		LabelSite:      p.cfg.Site,
@@ -254,7 +256,7 @@ func wrap(op, ref string, err error) error {
 	return fmt.Errorf("%s %s: %w", op, ref, err)
 }
 
-func (p *DockerProvider) buildConfig(spec NodeSpec) (*container.Config, *container.HostConfig) {
+func (p *DockerProvider) buildConfig(spec ProvisionSpec) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env))
 	for _, e := range spec.Env {
 		env = append(env, e.Name+"="+e.Value)
@@ -294,7 +296,7 @@ func (p *DockerProvider) buildConfig(spec NodeSpec) (*container.Config, *contain
 	return cc, hc
 }
 
-func checkMounts(spec NodeSpec) error {
+func checkMounts(spec ProvisionSpec) error {
 	for _, m := range spec.Mounts {
 		if _, err := os.Stat(m.HostPath); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrMountSource, m.HostPath, err)
@@ -303,17 +305,17 @@ func checkMounts(spec NodeSpec) error {
 	return nil
 }
 
-// CreateNode creates the container for spec (not started: StartBootstrap
+// CreateInstance creates the container for spec (not started: StartInstance
 // starts it). It is idempotent: if a container already has the name and
 // carries our labels, it is adopted when its spec hash matches and it runs,
 // else it is removed and created again. A same-named container without our
 // labels is never touched (ErrNotOwned).
-func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sink) (NodeHandle, error) {
+func (p *DockerProvider) CreateInstance(ctx context.Context, spec ProvisionSpec, sink Sink) (InstanceHandle, error) {
 	if err := spec.Validate(); err != nil {
-		return NodeHandle{}, fmt.Errorf("create node: %w", err)
+		return InstanceHandle{}, fmt.Errorf("create instance: %w", err)
 	}
 	if err := checkMounts(spec); err != nil {
-		return NodeHandle{}, fmt.Errorf("create node: %w", err)
+		return InstanceHandle{}, fmt.Errorf("create instance: %w", err)
 	}
 	if sink == nil {
 		sink = Discard
@@ -330,10 +332,10 @@ func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sin
 				p.emit(sink, spec, ref, ObsProvider, "docker: "+w)
 			}
 			p.register(ref, spec, sink, resp.ID)
-			return NodeHandle{NodeID: spec.NodeID, RunID: spec.RunID, Ref: ref, ResourceID: resp.ID}, nil
+			return InstanceHandle{InstanceID: spec.InstanceID, RunID: spec.RunID, Ref: ref, ResourceID: resp.ID}, nil
 		}
 		if !cerrdefs.IsConflict(err) || try > 0 {
-			return NodeHandle{}, wrap("create container", ref, err)
+			return InstanceHandle{}, wrap("create container", ref, err)
 		}
 		// Name conflict: adopt the existing container or replace it.
 		info, err := p.inspect(ctx, ref)
@@ -341,10 +343,10 @@ func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sin
 			if cerrdefs.IsNotFound(err) {
 				continue // removed meanwhile: create again
 			}
-			return NodeHandle{}, err
+			return InstanceHandle{}, err
 		}
 		if info.Config == nil || !p.owned(info.Config.Labels) {
-			return NodeHandle{}, fmt.Errorf("create container %s: name taken: %w", ref, ErrNotOwned)
+			return InstanceHandle{}, fmt.Errorf("create container %s: name taken: %w", ref, ErrNotOwned)
 		}
 		if info.Config.Labels[LabelSpecHash] == spec.Hash() && info.State != nil && info.State.Running {
 			h := p.register(ref, spec, sink, info.ID)
@@ -354,53 +356,53 @@ func (p *DockerProvider) CreateNode(ctx context.Context, spec NodeSpec, sink Sin
 		}
 		p.emit(sink, spec, ref, ObsProvider, "replacing stale container "+shortID(info.ID))
 		if err := p.removeID(ctx, ref, info.ID); err != nil {
-			return NodeHandle{}, err
+			return InstanceHandle{}, err
 		}
 	}
 }
 
-// CreateNodeSelected refuses any exact offer: a Docker engine has no offers.
-func (p *DockerProvider) CreateNodeSelected(ctx context.Context, spec NodeSpec, sink Sink, offer *uint64) (NodeHandle, error) {
-	return CreateNodeSelectedDefault(ctx, p, spec, sink, offer)
+// CreateInstanceSelected refuses any exact offer: a Docker engine has no offers.
+func (p *DockerProvider) CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
+	return CreateInstanceSelectedDefault(ctx, p, spec, sink, offer)
 }
 
-func (p *DockerProvider) register(ref string, spec NodeSpec, sink Sink, id string) NodeHandle {
+func (p *DockerProvider) register(ref string, spec ProvisionSpec, sink Sink, id string) InstanceHandle {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := p.nodes[ref]
+	n := p.instances[ref]
 	if n == nil || n.id != id {
 		if n != nil && n.cancel != nil {
 			n.cancel()
 		}
-		n = &dockerNode{}
-		p.nodes[ref] = n
+		n = &dockerInstance{}
+		p.instances[ref] = n
 	}
 	n.spec, n.sink, n.id = spec.Clone(), sink, id
-	return NodeHandle{NodeID: spec.NodeID, RunID: spec.RunID, Ref: ref, ResourceID: id}
+	return InstanceHandle{InstanceID: spec.InstanceID, RunID: spec.RunID, Ref: ref, ResourceID: id}
 }
 
-func (p *DockerProvider) node(ref string) (*dockerNode, bool) {
+func (p *DockerProvider) instance(ref string) (*dockerInstance, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, ok := p.nodes[ref]
+	n, ok := p.instances[ref]
 	return n, ok
 }
 
 func (p *DockerProvider) forget(ref string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n, ok := p.nodes[ref]; ok {
+	if n, ok := p.instances[ref]; ok {
 		if n.cancel != nil {
 			n.cancel()
 		}
-		delete(p.nodes, ref)
+		delete(p.instances, ref)
 	}
 }
 
-// StartBootstrap starts the container (a no-op if it runs) and begins
+// StartInstance starts the container (a no-op if it runs) and begins
 // streaming its logs and watching for its exit.
-func (p *DockerProvider) StartBootstrap(ctx context.Context, h NodeHandle) error {
-	n, ok := p.node(h.Ref)
+func (p *DockerProvider) StartInstance(ctx context.Context, h InstanceHandle) error {
+	n, ok := p.instance(h.Ref)
 	if !ok {
 		return fmt.Errorf("start %s: %w", h.Ref, ErrUnknownHandle)
 	}
@@ -437,29 +439,29 @@ func (p *DockerProvider) StartBootstrap(ctx context.Context, h NodeHandle) error
 	return nil
 }
 
-// CancelBootstrap stops the container, keeping it (StartBootstrap resumes).
-func (p *DockerProvider) CancelBootstrap(ctx context.Context, h NodeHandle) error {
-	n, ok := p.node(h.Ref)
+// HaltInstance stops the container, keeping it (StartInstance resumes).
+func (p *DockerProvider) HaltInstance(ctx context.Context, h InstanceHandle) error {
+	n, ok := p.instance(h.Ref)
 	if !ok {
 		return nil
 	}
 	return p.stopID(ctx, h.Ref, n.id)
 }
 
-// CompleteBootstrap has nothing to do for a container: it is live once it
+// MarkLive has nothing to do for a container: it is live once it
 // runs; readiness is the caller's probe.
-func (p *DockerProvider) CompleteBootstrap(ctx context.Context, h NodeHandle) error {
-	if _, ok := p.node(h.Ref); !ok {
+func (p *DockerProvider) MarkLive(ctx context.Context, h InstanceHandle) error {
+	if _, ok := p.instance(h.Ref); !ok {
 		return fmt.Errorf("complete %s: %w", h.Ref, ErrUnknownHandle)
 	}
 	return nil
 }
 
-// StopNode stops and removes the handle's container after re-checking its
+// StopInstance stops and removes the handle's container after re-checking its
 // labels. A container already gone is success.
-func (p *DockerProvider) StopNode(ctx context.Context, h NodeHandle) error {
+func (p *DockerProvider) StopInstance(ctx context.Context, h InstanceHandle) error {
 	id := h.ResourceID
-	if n, ok := p.node(h.Ref); ok {
+	if n, ok := p.instance(h.Ref); ok {
 		id = n.id
 	}
 	if id == "" {
@@ -472,12 +474,12 @@ func (p *DockerProvider) StopNode(ctx context.Context, h NodeHandle) error {
 // AdoptBySpec adopts spec's container if it exists, is ours, has spec's
 // hash and is running: its logs (the last LogTail lines of the current
 // run, then new ones) and exit go to sink. A stopped or stale container is
-// not adopted (ok false); CreateNode replaces it, PrepareMissingBootstrap
+// not adopted (ok false); CreateInstance replaces it, PrepareBySpec
 // picks up a created-but-unstarted one.
-func (p *DockerProvider) AdoptBySpec(ctx context.Context, spec NodeSpec, sink Sink) (AdoptedNode, bool, error) {
+func (p *DockerProvider) AdoptBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (AdoptedInstance, bool, error) {
 	info, ok, err := p.lookup(ctx, spec)
 	if err != nil || !ok || info.State == nil || !info.State.Running {
-		return AdoptedNode{}, false, err
+		return AdoptedInstance{}, false, err
 	}
 	if sink == nil {
 		sink = Discard
@@ -487,16 +489,16 @@ func (p *DockerProvider) AdoptBySpec(ctx context.Context, spec NodeSpec, sink Si
 	h.ProcessID = uint32(max(info.State.Pid, 0))
 	p.emit(sink, spec, ref, ObsProvider, "adopted running container "+shortID(info.ID))
 	p.watch(ref, info, logsSince(info.State))
-	return AdoptedNode{Handle: h, Ref: ref, Running: true}, true, nil
+	return AdoptedInstance{Handle: h, Ref: ref, Running: true}, true, nil
 }
 
-// PrepareMissingBootstrap registers the handle of spec's existing container
+// PrepareBySpec registers the handle of spec's existing container
 // (ours, same hash, in any state) without starting anything. It never
 // creates a container: ok is false when there is none to prepare.
-func (p *DockerProvider) PrepareMissingBootstrap(ctx context.Context, spec NodeSpec, sink Sink) (AdoptedNode, bool, error) {
+func (p *DockerProvider) PrepareBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (AdoptedInstance, bool, error) {
 	info, ok, err := p.lookup(ctx, spec)
 	if err != nil || !ok {
-		return AdoptedNode{}, false, err
+		return AdoptedInstance{}, false, err
 	}
 	if sink == nil {
 		sink = Discard
@@ -507,13 +509,13 @@ func (p *DockerProvider) PrepareMissingBootstrap(ctx context.Context, spec NodeS
 	if running {
 		p.watch(ref, info, logsSince(info.State))
 	}
-	return AdoptedNode{Handle: h, Ref: ref, Running: running}, true, nil
+	return AdoptedInstance{Handle: h, Ref: ref, Running: running}, true, nil
 }
 
 // lookup inspects spec's container; ok is false when there is none or its
 // spec hash differs. A container at our name without our labels is an
 // error (ErrNotOwned), never "not found".
-func (p *DockerProvider) lookup(ctx context.Context, spec NodeSpec) (container.InspectResponse, bool, error) {
+func (p *DockerProvider) lookup(ctx context.Context, spec ProvisionSpec) (container.InspectResponse, bool, error) {
 	ref := p.ProviderRef(spec)
 	info, err := p.inspect(ctx, ref)
 	if err != nil {
@@ -531,75 +533,9 @@ func (p *DockerProvider) lookup(ctx context.Context, spec NodeSpec) (container.I
 	return info, true, nil
 }
 
-// ListManagedRefs lists the names of this site's and node's containers.
-func (p *DockerProvider) ListManagedRefs(ctx context.Context) ([]string, error) {
-	cs, err := p.ListManaged(ctx)
-	if err != nil {
-		return nil, err
-	}
-	refs := make([]string, 0, len(cs))
-	for _, c := range cs {
-		refs = append(refs, c.Ref)
-	}
-	return refs, nil
-}
-
-// ManagedContainer is one container carrying this agent's labels.
-type ManagedContainer struct {
-	Ref      string // container name
-	ID       string
-	Role     string
-	Attempt  uint64
-	SpecHash string
-	State    string // docker state: created, running, exited, ...
-	Labels   map[string]string
-}
-
-// ListManaged lists containers (any state) labeled with this site and node.
-// The daemon filters by label, and every result is re-checked client-side:
-// anything not fully ours is left out (fail closed).
-func (p *DockerProvider) ListManaged(ctx context.Context) ([]ManagedContainer, error) {
-	f := filters.NewArgs(
-		filters.Arg("label", LabelManagedBy+"="+ManagedByValue),
-		filters.Arg("label", LabelSite+"="+p.cfg.Site),
-		filters.Arg("label", LabelNode+"="+p.cfg.Node),
-	)
-	cctx, cancel := p.callCtx(ctx)
-	defer cancel()
-	list, err := p.api.ContainerList(cctx, container.ListOptions{All: true, Filters: f})
-	if err != nil {
-		return nil, wrap("list containers", p.cfg.Site+"/"+p.cfg.Node, err)
-	}
-	var out []ManagedContainer
-	for _, c := range list {
-		if !p.owned(c.Labels) || len(c.Names) == 0 {
-			continue
-		}
-		attempt, _ := strconv.ParseUint(c.Labels[LabelAttempt], 10, 64)
-		out = append(out, ManagedContainer{
-			Ref:      strings.TrimPrefix(c.Names[0], "/"),
-			ID:       c.ID,
-			Role:     c.Labels[LabelRole],
-			Attempt:  attempt,
-			SpecHash: c.Labels[LabelSpecHash],
-			State:    string(c.State),
-			Labels:   c.Labels,
-		})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
-	return out, nil
-}
-
-// RemoveManaged stops and removes the container ref after re-checking that
-// it carries our labels (ErrNotOwned otherwise). Gone already is success.
-func (p *DockerProvider) RemoveManaged(ctx context.Context, ref string) error {
-	p.forget(ref)
-	return p.removeOwned(ctx, ref, ref)
-}
-
 // StopBySpec stops and removes spec's container if it is ours, whatever its
 // spec hash. It returns false when no such container exists.
-func (p *DockerProvider) StopBySpec(ctx context.Context, spec NodeSpec, sink Sink) (bool, error) {
+func (p *DockerProvider) StopBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (bool, error) {
 	ref := p.ProviderRef(spec)
 	p.forget(ref)
 	info, err := p.inspect(ctx, ref)
@@ -619,50 +555,6 @@ func (p *DockerProvider) StopBySpec(ctx context.Context, spec NodeSpec, sink Sin
 		p.emit(sink, spec, ref, ObsProvider, "removed container "+shortID(info.ID))
 	}
 	return true, nil
-}
-
-// NodeStatus is what Status reports about a container.
-type NodeStatus struct {
-	ID        string
-	Running   bool
-	ExitCode  int
-	StartedAt time.Time
-	Pid       int
-	// Endpoints maps container TCP ports to their published loopback
-	// address ("127.0.0.1:32768").
-	Endpoints map[int]string
-}
-
-// Status inspects ref's container (ErrNotFound when it does not exist,
-// ErrNotOwned when it is not ours).
-func (p *DockerProvider) Status(ctx context.Context, ref string) (NodeStatus, error) {
-	info, err := p.inspect(ctx, ref)
-	if err != nil {
-		if cerrdefs.IsNotFound(err) {
-			return NodeStatus{}, fmt.Errorf("status %s: %w", ref, ErrNotFound)
-		}
-		return NodeStatus{}, err
-	}
-	if info.Config == nil || !p.owned(info.Config.Labels) {
-		return NodeStatus{}, fmt.Errorf("status %s: %w", ref, ErrNotOwned)
-	}
-	st := NodeStatus{ID: info.ID, Endpoints: map[int]string{}}
-	if info.State != nil {
-		st.Running = info.State.Running
-		st.ExitCode = info.State.ExitCode
-		st.Pid = info.State.Pid
-		st.StartedAt, _ = time.Parse(time.RFC3339Nano, info.State.StartedAt)
-	}
-	if info.NetworkSettings != nil {
-		for port, bindings := range info.NetworkSettings.Ports {
-			for _, b := range bindings {
-				if b.HostIP == "127.0.0.1" && b.HostPort != "" {
-					st.Endpoints[port.Int()] = "127.0.0.1:" + b.HostPort
-				}
-			}
-		}
-	}
-	return st, nil
 }
 
 func (p *DockerProvider) inspect(ctx context.Context, ref string) (container.InspectResponse, error) {
@@ -719,8 +611,8 @@ func (p *DockerProvider) removeID(ctx context.Context, ref, id string) error {
 	return nil
 }
 
-func (p *DockerProvider) emit(sink Sink, spec NodeSpec, ref string, kind ObservationKind, line string) {
-	o := Observation{Kind: kind, RunID: spec.RunID, NodeID: spec.NodeID, Ref: ref, Time: time.Now()}
+func (p *DockerProvider) emit(sink Sink, spec ProvisionSpec, ref string, kind ObservationKind, line string) {
+	o := Observation{Kind: kind, RunID: spec.RunID, InstanceID: spec.InstanceID, Ref: ref, Time: time.Now()}
 	switch kind {
 	case ObsFailed:
 		o.Reason = line

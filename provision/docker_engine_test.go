@@ -28,6 +28,15 @@ func newTestProvider(t *testing.T, api DockerAPI, site, node string) *DockerProv
 	return p
 }
 
+// engineProvider returns a new site (engineSite), a real client and a
+// provider for node n1 of that site.
+func engineProvider(t *testing.T) (string, *DockerClient, *DockerProvider) {
+	t.Helper()
+	site := engineSite(t)
+	cli := testClient(t)
+	return site, cli, newTestProvider(t, cli, site, "n1")
+}
+
 func waitHealthy(t *testing.T, endpoint string) {
 	t.Helper()
 	c := &http.Client{Timeout: time.Second}
@@ -47,15 +56,15 @@ func waitHealthy(t *testing.T, endpoint string) {
 	}
 }
 
-func createStarted(t *testing.T, p *DockerProvider, spec NodeSpec, sink Sink) (NodeHandle, NodeStatus) {
+func createStarted(t *testing.T, p *DockerProvider, spec ProvisionSpec, sink Sink) (InstanceHandle, ResourceStatus) {
 	t.Helper()
 	ctx := context.Background()
-	h, err := p.CreateNode(ctx, spec, sink)
+	h, err := p.CreateInstance(ctx, spec, sink)
 	if err != nil {
-		t.Fatalf("CreateNode: %v", err)
+		t.Fatalf("CreateInstance: %v", err)
 	}
-	if err := p.StartBootstrap(ctx, h); err != nil {
-		t.Fatalf("StartBootstrap: %v", err)
+	if err := p.StartInstance(ctx, h); err != nil {
+		t.Fatalf("StartInstance: %v", err)
 	}
 	st, err := p.Status(ctx, h.Ref)
 	if err != nil {
@@ -66,9 +75,7 @@ func createStarted(t *testing.T, p *DockerProvider, spec NodeSpec, sink Sink) (N
 
 func TestEngineCreateServesDemoModelOnLoopbackOnly(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
-	cli := testClient(t)
-	p := newTestProvider(t, cli, site, "n1")
+	site, cli, p := engineProvider(t)
 	ctx := context.Background()
 
 	rec := newRecorder()
@@ -166,9 +173,7 @@ func hostAddrs(t *testing.T) []string {
 
 func TestEngineMounts(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
-	cli := testClient(t)
-	p := newTestProvider(t, cli, site, "n1")
+	_, cli, p := engineProvider(t)
 	tests := []struct {
 		name     string
 		readOnly bool
@@ -182,8 +187,8 @@ func TestEngineMounts(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			spec := NodeSpec{
-				AttemptID: 1, NodeID: uint64(i + 1), Image: testImage,
+			spec := ProvisionSpec{
+				AttemptID: 1, InstanceID: uint64(i + 1), Image: testImage,
 				Role:   fmt.Sprintf("rw%d", i),
 				Args:   []string{"/rowrite", "/data/out"},
 				Mounts: []Mount{{HostPath: dir, ContainerPath: "/data", ReadOnly: tt.readOnly}},
@@ -220,26 +225,24 @@ func TestEngineMounts(t *testing.T) {
 
 func TestEngineCreateRefusals(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
-	cli := testClient(t)
-	p := newTestProvider(t, cli, site, "n1")
+	_, cli, p := engineProvider(t)
 	offer := uint64(42)
 	tests := []struct {
 		name    string
-		spec    NodeSpec
+		spec    ProvisionSpec
 		offer   *uint64
 		wantErr error
 	}{
-		{"missing mount source", NodeSpec{AttemptID: 1, Image: testImage, Role: "m",
+		{"missing mount source", ProvisionSpec{AttemptID: 1, Image: testImage, Role: "m",
 			Mounts: []Mount{{HostPath: "/nonexistent/infermesh/model.gguf", ContainerPath: "/m", ReadOnly: true}}}, nil, ErrMountSource},
-		{"unbound template", NodeSpec{AttemptID: 0, Image: testImage, Role: "tpl"}, nil, ErrTemplateSpec},
+		{"unbound template", ProvisionSpec{AttemptID: 0, Image: testImage, Role: "tpl"}, nil, ErrTemplateSpec},
 		{"exact offer", demoSpec("offer", 1), &offer, ErrOfferUnsupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := p.CreateNodeSelected(context.Background(), tt.spec, Discard, tt.offer)
+			_, err := p.CreateInstanceSelected(context.Background(), tt.spec, Discard, tt.offer)
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("CreateNodeSelected error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("CreateInstanceSelected error = %v, want %v", err, tt.wantErr)
 			}
 			if _, err := cli.ContainerInspect(context.Background(), p.ProviderRef(tt.spec)); err == nil {
 				t.Errorf("container %s exists after a refused create", p.ProviderRef(tt.spec))
@@ -250,9 +253,7 @@ func TestEngineCreateRefusals(t *testing.T) {
 
 func TestEngineCreateIsIdempotentAndReplacesStale(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
-	cli := testClient(t)
-	p := newTestProvider(t, cli, site, "n1")
+	_, cli, p := engineProvider(t)
 	ctx := context.Background()
 
 	spec := demoSpec("idem", 1)
@@ -260,12 +261,12 @@ func TestEngineCreateIsIdempotentAndReplacesStale(t *testing.T) {
 	waitHealthy(t, st1.Endpoints[8080])
 
 	// Same spec, container running: adopted, not recreated, not restarted.
-	h2, err := p.CreateNode(ctx, spec, Discard)
+	h2, err := p.CreateInstance(ctx, spec, Discard)
 	if err != nil {
-		t.Fatalf("second CreateNode: %v", err)
+		t.Fatalf("second CreateInstance: %v", err)
 	}
 	if h2.ResourceID != h1.ResourceID {
-		t.Errorf("second CreateNode id = %s, want the running %s", h2.ResourceID, h1.ResourceID)
+		t.Errorf("second CreateInstance id = %s, want the running %s", h2.ResourceID, h1.ResourceID)
 	}
 	st2, err := p.Status(ctx, h2.Ref)
 	if err != nil {
@@ -300,7 +301,7 @@ func TestEngineCreateIsIdempotentAndReplacesStale(t *testing.T) {
 
 func TestEngineAdoptPrepareAndStopBySpec(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
+	site := engineSite(t)
 	cli := testClient(t)
 	ctx := context.Background()
 	p1 := newTestProvider(t, cli, site, "n1")
@@ -337,17 +338,17 @@ func TestEngineAdoptPrepareAndStopBySpec(t *testing.T) {
 		t.Errorf("AdoptBySpec(other hash) = %v, %v, want not adopted", ok, err)
 	}
 
-	// PrepareMissingBootstrap never creates anything...
+	// PrepareBySpec never creates anything...
 	missing := demoSpec("missing", 1)
-	if _, ok, err := p2.PrepareMissingBootstrap(ctx, missing, Discard); ok || err != nil {
-		t.Errorf("PrepareMissingBootstrap(nothing) = %v, %v, want false, nil", ok, err)
+	if _, ok, err := p2.PrepareBySpec(ctx, missing, Discard); ok || err != nil {
+		t.Errorf("PrepareBySpec(nothing) = %v, %v, want false, nil", ok, err)
 	}
 	if _, err := cli.ContainerInspect(ctx, p2.ProviderRef(missing)); err == nil {
-		t.Errorf("PrepareMissingBootstrap created %s", p2.ProviderRef(missing))
+		t.Errorf("PrepareBySpec created %s", p2.ProviderRef(missing))
 	}
 	// ...and picks up a created-but-never-started container, leaving it so.
 	created := demoSpec("created", 1)
-	hc, err := p2.CreateNode(ctx, created, Discard)
+	hc, err := p2.CreateInstance(ctx, created, Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,12 +356,12 @@ func TestEngineAdoptPrepareAndStopBySpec(t *testing.T) {
 	if _, ok, err := p3.AdoptBySpec(ctx, created, Discard); ok || err != nil {
 		t.Errorf("AdoptBySpec(created, not running) = %v, %v, want not adopted", ok, err)
 	}
-	pa, ok, err := p3.PrepareMissingBootstrap(ctx, created, Discard)
+	pa, ok, err := p3.PrepareBySpec(ctx, created, Discard)
 	if err != nil || !ok || pa.Handle.ResourceID != hc.ResourceID || pa.Running {
-		t.Fatalf("PrepareMissingBootstrap = %+v, %v, %v, want the created container, not running", pa, ok, err)
+		t.Fatalf("PrepareBySpec = %+v, %v, %v, want the created container, not running", pa, ok, err)
 	}
-	if err := p3.StartBootstrap(ctx, pa.Handle); err != nil {
-		t.Fatalf("StartBootstrap after prepare: %v", err)
+	if err := p3.StartInstance(ctx, pa.Handle); err != nil {
+		t.Fatalf("StartInstance after prepare: %v", err)
 	}
 	stc, err := p3.Status(ctx, pa.Ref)
 	if err != nil || !stc.Running {
@@ -377,34 +378,34 @@ func TestEngineAdoptPrepareAndStopBySpec(t *testing.T) {
 	if _, err := cli.ContainerInspect(ctx, h.ResourceID); err == nil {
 		t.Errorf("container %s exists after StopBySpec", h.ResourceID)
 	}
-	// StopNode of a container already removed is success too.
-	if err := p3.StopNode(ctx, pa.Handle); err != nil {
-		t.Errorf("StopNode: %v", err)
+	// StopInstance of a container already removed is success too.
+	if err := p3.StopInstance(ctx, pa.Handle); err != nil {
+		t.Errorf("StopInstance: %v", err)
 	}
-	if err := p3.StopNode(ctx, pa.Handle); err != nil {
-		t.Errorf("StopNode again: %v", err)
+	if err := p3.StopInstance(ctx, pa.Handle); err != nil {
+		t.Errorf("StopInstance again: %v", err)
 	}
 }
 
 func TestEngineOwnershipIsScopedAndFailsClosed(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
-	otherSite := testSite(t)
+	site := engineSite(t)
+	otherSite := engineSite(t)
 	cli := testClient(t)
 	ctx := context.Background()
 	mine := newTestProvider(t, cli, site, "n1")
 	otherNode := newTestProvider(t, cli, site, "n2")
 	otherSiteP := newTestProvider(t, cli, otherSite, "n1")
 
-	hMine, err := mine.CreateNode(ctx, demoSpec("own", 1), Discard)
+	hMine, err := mine.CreateInstance(ctx, demoSpec("own", 1), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hNode, err := otherNode.CreateNode(ctx, demoSpec("own", 1), Discard)
+	hNode, err := otherNode.CreateInstance(ctx, demoSpec("own", 1), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hSite, err := otherSiteP.CreateNode(ctx, demoSpec("own", 1), Discard)
+	hSite, err := otherSiteP.CreateInstance(ctx, demoSpec("own", 1), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,8 +431,8 @@ func TestEngineOwnershipIsScopedAndFailsClosed(t *testing.T) {
 			t.Errorf("RemoveManaged(%s) = %v, want ErrNotOwned", ref, err)
 		}
 	}
-	if _, err := mine.CreateNode(ctx, squat, Discard); !errors.Is(err, ErrNotOwned) {
-		t.Errorf("CreateNode over an unlabeled container = %v, want ErrNotOwned", err)
+	if _, err := mine.CreateInstance(ctx, squat, Discard); !errors.Is(err, ErrNotOwned) {
+		t.Errorf("CreateInstance over an unlabeled container = %v, want ErrNotOwned", err)
 	}
 	if _, err := mine.StopBySpec(ctx, squat, Discard); !errors.Is(err, ErrNotOwned) {
 		t.Errorf("StopBySpec of an unlabeled container = %v, want ErrNotOwned", err)
@@ -462,9 +463,9 @@ func TestEngineUnreachableDaemon(t *testing.T) {
 	ctx := context.Background()
 	spec := demoSpec("dead", 1)
 
-	_, err = p.CreateNode(ctx, spec, Discard)
+	_, err = p.CreateInstance(ctx, spec, Discard)
 	if !errors.Is(err, ErrDaemonUnreachable) {
-		t.Fatalf("CreateNode error = %v, want ErrDaemonUnreachable", err)
+		t.Fatalf("CreateInstance error = %v, want ErrDaemonUnreachable", err)
 	}
 	if !strings.Contains(err.Error(), dead) {
 		t.Errorf("error %q does not name the socket", err)
@@ -475,4 +476,81 @@ func TestEngineUnreachableDaemon(t *testing.T) {
 	if _, err := p.StopBySpec(ctx, spec, Discard); !errors.Is(err, ErrDaemonUnreachable) {
 		t.Errorf("StopBySpec error = %v, want ErrDaemonUnreachable", err)
 	}
+}
+
+// How a run ends, as the engine tells it: a container the kernel killed at
+// its memory limit ends with ObsFailed naming the reason (and its status),
+// while a process that exits, or is killed for another reason, ends with
+// ObsExited. Status says the same.
+func TestEngineRunEndsOOMKillIsAFailure(t *testing.T) {
+	t.Parallel()
+	_, cli, p := engineProvider(t)
+	ctx := context.Background()
+	const limit = 32 << 20 // bytes; the Go runtime alone fits in it
+	tests := []struct {
+		name    string
+		args    []string
+		limit   int64
+		kill    bool // kill with SIGKILL once running
+		kind    ObservationKind
+		status  int
+		failure string
+	}{
+		{"allocates past its memory limit", []string{"/memhog", "256"}, limit, false, ObsFailed, 137, "out of memory"},
+		{"exits by itself", []string{"/memhog", "8"}, 0, false, ObsExited, 4, ""},
+		{"killed, not for memory", demoSpec("x", 1).Args, limit, true, ObsExited, 137, ""},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := ProvisionSpec{AttemptID: 1, InstanceID: uint64(i + 1), Image: testImage, Role: fmt.Sprintf("end%d", i), Args: tt.args}
+			rec := newRecorder()
+			h, err := p.CreateInstance(ctx, spec, rec)
+			if err != nil {
+				t.Fatalf("CreateInstance: %v", err)
+			}
+			if tt.limit > 0 {
+				// The provider sets no memory limit: put one on the created
+				// container, as an operator's engine policy could.
+				res := container.Resources{Memory: tt.limit, MemorySwap: tt.limit}
+				if _, err := cli.ContainerUpdate(ctx, h.ResourceID, container.UpdateConfig{Resources: res}); err != nil {
+					t.Fatalf("limit memory: %v", err)
+				}
+			}
+			if err := p.StartInstance(ctx, h); err != nil {
+				t.Fatalf("StartInstance: %v", err)
+			}
+			if tt.kill {
+				rec.waitFor(t, 30*time.Second, func(o Observation) bool { return o.Kind == ObsStderr || o.Kind == ObsStdout })
+				if err := cli.ContainerKill(ctx, h.ResourceID, "SIGKILL"); err != nil {
+					t.Fatalf("kill: %v", err)
+				}
+			}
+			end, seen := rec.waitFor(t, 60*time.Second, func(o Observation) bool { return o.Kind == ObsExited || o.Kind == ObsFailed })
+			if end.Kind != tt.kind || end.Status == nil || *end.Status != tt.status || !strings.Contains(end.Reason, tt.failure) {
+				t.Errorf("end of run = %v status %v reason %q, want %v status %d reason containing %q", end.Kind, fmtStatus(end.Status), end.Reason, tt.kind, tt.status, tt.failure)
+			}
+			if tt.kind == ObsExited && end.Reason != "" {
+				t.Errorf("exit has reason %q, want none", end.Reason)
+			}
+			for _, o := range seen {
+				if o.Kind == ObsStdout && strings.Contains(o.Line, "holding") && tt.limit > 0 && !tt.kill {
+					t.Errorf("memhog held all it asked for under a %d byte limit: %q", tt.limit, o.Line)
+				}
+			}
+			st, err := p.Status(ctx, h.Ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Running || st.ExitCode != tt.status || !strings.Contains(st.Failure, tt.failure) || (tt.failure == "") != (st.Failure == "") {
+				t.Errorf("Status = running %v exit %d failure %q, want stopped, exit %d, failure containing %q", st.Running, st.ExitCode, st.Failure, tt.status, tt.failure)
+			}
+		})
+	}
+}
+
+func fmtStatus(s *int) string {
+	if s == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*s)
 }

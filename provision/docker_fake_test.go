@@ -130,7 +130,7 @@ func fakeProvider(t *testing.T, f *fakeDocker) *DockerProvider {
 	return p
 }
 
-func labeled(p *DockerProvider, spec NodeSpec, mutate func(map[string]string)) map[string]string {
+func labeled(p *DockerProvider, spec ProvisionSpec, mutate func(map[string]string)) map[string]string {
 	l := p.labels(spec)
 	if mutate != nil {
 		mutate(l)
@@ -191,9 +191,9 @@ func TestFakeCreateOnNameConflict(t *testing.T) {
 			}
 			f.remove = func(string) error { removed = true; return nil }
 
-			h, err := p.CreateNode(context.Background(), spec, Discard)
+			h, err := p.CreateInstance(context.Background(), spec, Discard)
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("CreateNode error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("CreateInstance error = %v, want %v", err, tt.wantErr)
 			}
 			if h.ResourceID != tt.wantID {
 				t.Errorf("id = %q, want %q", h.ResourceID, tt.wantID)
@@ -219,7 +219,7 @@ func TestFakeDaemonUnreachableIsMarked(t *testing.T) {
 	ctx := context.Background()
 	spec := demoSpec("chat", 1)
 	checks := map[string]error{}
-	_, checks["CreateNode"] = p.CreateNode(ctx, spec, Discard)
+	_, checks["CreateInstance"] = p.CreateInstance(ctx, spec, Discard)
 	_, _, checks["AdoptBySpec"] = p.AdoptBySpec(ctx, spec, Discard)
 	_, checks["StopBySpec"] = p.StopBySpec(ctx, spec, Discard)
 	_, checks["ListManaged"] = p.ListManaged(ctx)
@@ -329,14 +329,7 @@ func TestFakeExitWatchSurvivesLostConnection(t *testing.T) {
 			return container.WaitResponse{StatusCode: 7}, nil
 		},
 	}
-	p := fakeProvider(t, f)
-	f.inspect = func(string) (container.InspectResponse, error) {
-		return existing("c1", labeled(p, spec, nil), true), nil
-	}
-	rec := newRecorder()
-	if _, ok, err := p.AdoptBySpec(context.Background(), spec, rec); !ok || err != nil {
-		t.Fatalf("AdoptBySpec = %v, %v", ok, err)
-	}
+	_, rec := adoptRunning(t, f, spec)
 	exit, seen := rec.waitFor(t, 5*time.Second, func(o Observation) bool { return o.Kind == ObsExited })
 	if exit.Status == nil || *exit.Status != 7 {
 		t.Errorf("exit status = %v, want 7", exit.Status)
@@ -347,6 +340,42 @@ func TestFakeExitWatchSurvivesLostConnection(t *testing.T) {
 	}
 	if !lost {
 		t.Errorf("no provider line about the lost exit watch; saw %+v", seen)
+	}
+}
+
+// adoptRunning adopts spec's container, running in f as "c1", so that its
+// exit watch starts, and returns the provider and what it observes.
+func adoptRunning(t *testing.T, f *fakeDocker, spec ProvisionSpec) (*DockerProvider, *recorder) {
+	t.Helper()
+	p := fakeProvider(t, f)
+	f.inspect = func(string) (container.InspectResponse, error) {
+		return existing("c1", labeled(p, spec, nil), true), nil
+	}
+	rec := newRecorder()
+	if _, ok, err := p.AdoptBySpec(context.Background(), spec, rec); !ok || err != nil {
+		t.Fatalf("AdoptBySpec = %v, %v", ok, err)
+	}
+	return p, rec
+}
+
+// A container removed while its watch was reconnecting (the engine only
+// says "no such container") is a failure: the instance was lost, and the
+// watch ends instead of retrying forever.
+func TestFakeExitWatchReportsVanishedContainer(t *testing.T) {
+	spec := demoSpec("chat", 1)
+	f := &fakeDocker{
+		wait: func(int) (container.WaitResponse, error) {
+			return container.WaitResponse{}, fmt.Errorf("no such container: %w", cerrdefs.ErrNotFound)
+		},
+	}
+	p, rec := adoptRunning(t, f, spec)
+	end, _ := rec.waitFor(t, 5*time.Second, func(o Observation) bool { return o.Kind == ObsExited || o.Kind == ObsFailed })
+	if end.Kind != ObsFailed || !strings.Contains(end.Reason, "vanished") || end.Status != nil {
+		t.Errorf("end = %v %q status %v, want failed: vanished, no status", end.Kind, end.Reason, end.Status)
+	}
+	p.Close() // waits for the watch goroutines
+	if n := len(f.called("wait")); n != 1 {
+		t.Errorf("wait called %d times, want once: nothing is left to wait for", n)
 	}
 }
 
@@ -432,11 +461,11 @@ type nopRegistrar struct{}
 func (nopRegistrar) RegisterLocal(string, placementLocal) error { return nil }
 func (nopRegistrar) DeregisterLocal(string)                     {}
 
-type memIntents map[string]NodeSpec
+type memIntents map[string]ProvisionSpec
 
-func (m memIntents) PutIntent(ref string, s NodeSpec) error { m[ref] = s; return nil }
-func (m memIntents) DeleteIntent(ref string) error          { delete(m, ref); return nil }
-func (m memIntents) Intents() (map[string]NodeSpec, error)  { return m, nil }
+func (m memIntents) PutIntent(ref string, s ProvisionSpec) error { m[ref] = s; return nil }
+func (m memIntents) DeleteIntent(ref string) error               { delete(m, ref); return nil }
+func (m memIntents) Intents() (map[string]ProvisionSpec, error)  { return m, nil }
 
 func TestManagerRunTwiceAndCancel(t *testing.T) {
 	p := fakeProvider(t, &fakeDocker{})

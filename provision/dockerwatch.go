@@ -3,32 +3,36 @@ package provision
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/internal/ctxwait"
 )
 
 // maxLineLen bounds one observed log line; longer lines are split.
 const maxLineLen = 16 << 10
 
 // logsDrainGrace is how long the exit watcher waits for the log stream to
-// drain, so a node's last lines are observed before its exit.
+// drain, so an instance's last lines are observed before its exit.
 const logsDrainGrace = 2 * time.Second
 
 // watch starts streaming the logs of the container run described by info
 // and watching for its exit, unless that run is already watched. The
 // goroutines are owned by the provider: they end when the run ends, when
-// the node is forgotten, or on Close.
+// the instance is forgotten, or on Close.
 // since is where the run's log lines begin (see logsSince).
 func (p *DockerProvider) watch(ref string, info container.InspectResponse, since string) {
 	if info.State == nil {
 		return
 	}
-	key := info.ID + "@" + info.State.StartedAt
+	key := runKey(info)
 	p.mu.Lock()
-	n, ok := p.nodes[ref]
+	n, ok := p.instances[ref]
 	if !ok || p.closed || (n.runKey == key && n.cancel != nil) {
 		p.mu.Unlock()
 		return
@@ -51,7 +55,7 @@ func (p *DockerProvider) watch(ref string, info container.InspectResponse, since
 	go func() {
 		defer p.wg.Done()
 		defer cancel()
-		p.waitExit(wctx, ref, id, spec, sink, logsDone)
+		p.waitExit(wctx, ref, id, key, spec, sink, logsDone)
 	}()
 }
 
@@ -68,7 +72,7 @@ func logsSince(st *container.State) string {
 	return fin.Add(time.Nanosecond).Format(time.RFC3339Nano)
 }
 
-func (p *DockerProvider) streamLogs(ctx context.Context, ref, id, since string, spec NodeSpec, sink Sink) {
+func (p *DockerProvider) streamLogs(ctx context.Context, ref, id, since string, spec ProvisionSpec, sink Sink) {
 	rc, err := p.api.ContainerLogs(ctx, id, container.LogsOptions{
 		ShowStdout: true,
 		ShowStderr: true,
@@ -96,9 +100,11 @@ func (p *DockerProvider) streamLogs(ctx context.Context, ref, id, since string, 
 	}
 }
 
-// waitExit reports the run's exit once, after its logs drained. A lost
-// connection to the daemon is retried with backoff until the watch ends.
-func (p *DockerProvider) waitExit(ctx context.Context, ref, id string, spec NodeSpec, sink Sink, logsDone <-chan struct{}) {
+// waitExit reports the end of the run key once, after its logs drained:
+// ObsExited, or ObsFailed when the engine ended it (see runFailure) or the
+// container vanished. A lost connection to the daemon is retried with
+// backoff until the watch ends.
+func (p *DockerProvider) waitExit(ctx context.Context, ref, id, key string, spec ProvisionSpec, sink Sink, logsDone <-chan struct{}) {
 	backoff := 250 * time.Millisecond
 	for {
 		respC, errC := p.api.ContainerWait(ctx, id, container.WaitConditionNotRunning)
@@ -116,24 +122,58 @@ func (p *DockerProvider) waitExit(ctx context.Context, ref, id string, spec Node
 			if ctx.Err() != nil {
 				return
 			}
-			status := int(resp.StatusCode)
-			sink.Observe(Observation{Kind: ObsExited, RunID: spec.RunID, NodeID: spec.NodeID, Ref: ref, Time: time.Now(), Status: &status})
+			p.observeEnd(ctx, ref, id, key, spec, sink, int(resp.StatusCode))
 			return
 		case err := <-errC:
 			if ctx.Err() != nil {
 				return
 			}
-			p.emit(sink, spec, ref, ObsProvider, "exit watch: "+wrap("wait container", ref, err).Error())
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if cerrdefs.IsNotFound(err) {
+				// Removed behind our back (and, when the daemon was down,
+				// never seen to stop): no status to report, and nothing
+				// left to wait for.
+				p.emit(sink, spec, ref, ObsFailed, "container "+shortID(id)+" vanished")
 				return
-			case <-t.C:
+			}
+			p.emit(sink, spec, ref, ObsProvider, "exit watch: "+wrap("wait container", ref, err).Error())
+			if !ctxwait.Sleep(ctx, backoff) {
+				return
 			}
 			backoff = min(backoff*2, 10*time.Second)
 		}
 	}
+}
+
+// observeEnd reports how run key of container id ended with status: as
+// ObsFailed when the engine says why it ended the run, else as ObsExited.
+// The engine's state is only trusted while it still describes that run.
+func (p *DockerProvider) observeEnd(ctx context.Context, ref, id, key string, spec ProvisionSpec, sink Sink, status int) {
+	o := Observation{Kind: ObsExited, RunID: spec.RunID, InstanceID: spec.InstanceID, Ref: ref, Status: &status}
+	info, err := p.inspect(ctx, id)
+	if ctx.Err() != nil {
+		return // forgotten meanwhile
+	}
+	if err == nil && info.State != nil && runKey(info) == key {
+		if why := runFailure(info.State); why != "" {
+			o.Kind, o.Reason = ObsFailed, why
+		}
+	}
+	o.Time = time.Now()
+	sink.Observe(o)
+}
+
+// runKey names one run of a container: a run is watched once.
+func runKey(info container.InspectResponse) string {
+	return info.ID + "@" + info.State.StartedAt
+}
+
+// runFailure says why the engine ended the container's last run, or ""
+// when its process exited by itself (or still runs).
+func runFailure(st *container.State) string {
+	if st == nil || st.Running || !st.OOMKilled {
+		return ""
+	}
+	return fmt.Sprintf("out of memory: killed at the container's memory limit (exit status %d)", st.ExitCode)
 }
 
 // lineWriter splits a byte stream into lines for observations.

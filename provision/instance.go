@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/internal/ctxwait"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -24,11 +25,11 @@ type instance struct {
 	m        *Manager
 	role     string
 	spec     InstanceSpec
-	node     NodeSpec // zero for a removal
+	intent   ProvisionSpec // this attempt's provider spec; zero for a removal
 	ref      string
 	removing bool
 	logs     *LogRing
-	exitC    chan int // exit observations (status), coalesced
+	endC     chan string // why a run ended (ObsExited, ObsFailed), coalesced
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -44,15 +45,15 @@ var _ Sink = (*instance)(nil)
 func (m *Manager) newInstance(role string, spec InstanceSpec, attempt uint64) *instance {
 	in := &instance{
 		m: m, role: role, spec: spec,
-		logs:  NewLogRing(m.cfg.LogLines),
-		exitC: make(chan int, 1),
-		done:  make(chan struct{}),
+		logs: NewLogRing(m.cfg.LogLines),
+		endC: make(chan string, 1),
+		done: make(chan struct{}),
 	}
 	in.st = InstanceStatus{Role: role, State: StatePending, Since: time.Now()}
 	if attempt > 0 {
-		in.node = spec.nodeSpec(role, attempt)
-		in.ref = m.cfg.Provider.ProviderRef(in.node)
-		in.st.Ref, in.st.Image, in.st.Attempt, in.st.SpecHash = in.ref, spec.Image, attempt, in.node.Hash()
+		in.intent = spec.provisionSpec(role, attempt)
+		in.ref = m.cfg.Provider.ProviderRef(in.intent)
+		in.st.Ref, in.st.Image, in.st.Attempt, in.st.SpecHash = in.ref, spec.Image, attempt, in.intent.Hash()
 	}
 	return in
 }
@@ -114,7 +115,7 @@ func (in *instance) opCtx(ctx context.Context) (context.Context, context.CancelF
 
 func (in *instance) emit(kind EventKind, msg string) {
 	e := Event{
-		Kind: kind, RunID: in.node.RunID, NodeID: in.node.NodeID,
+		Kind: kind, RunID: in.intent.RunID, InstanceID: in.intent.InstanceID,
 		Role: in.role, Ref: in.ref, Provider: in.spec.Runtime, Message: msg, Time: time.Now(),
 	}
 	in.mu.Lock()
@@ -125,25 +126,27 @@ func (in *instance) emit(kind EventKind, msg string) {
 	if kind == EventProvisionFailed {
 		lvl = zap.WarnLevel
 	}
-	in.m.log.Log(lvl, "instance "+kind.String(), zap.String("role", in.role), zap.String("ref", in.ref), zap.String("message", msg))
+	in.m.log.Log(lvl, kind.String(), zap.String("role", in.role), zap.String("ref", in.ref), zap.String("message", msg))
 	in.m.cfg.Events(e)
 }
 
-// Observe records the instance's output and signals its exits.
+// Observe records the instance's output and signals the end of its runs.
 func (in *instance) Observe(o Observation) {
 	switch o.Kind {
-	case ObsExited:
-		status := -1
-		if o.Status != nil {
-			status = *o.Status
+	case ObsExited, ObsFailed:
+		why := o.Reason
+		if o.Kind == ObsExited {
+			status := -1
+			if o.Status != nil {
+				status = *o.Status
+			}
+			why = exitedWith(status)
 		}
-		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: fmt.Sprintf("exited with status %d", status)})
+		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: why})
 		select {
-		case in.exitC <- status:
-		default: // an exit is already pending; serve re-checks the state anyway
+		case in.endC <- why:
+		default: // an end is already pending; serve re-checks the state anyway
 		}
-	case ObsFailed:
-		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: o.Reason})
 	case ObsTelemetry:
 		in.logs.Add(LogLine{Time: o.Time, Stream: o.Kind.String(), Line: o.Channel + ": " + o.Payload})
 	default:
@@ -151,16 +154,7 @@ func (in *instance) Observe(o Observation) {
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func exitedWith(status int) string { return fmt.Sprintf("exited with status %d", status) }
 
 // supervise runs the role's instance until ctx is done: stop older attempts
 // first, adopt or create and start the container, probe and register it,
@@ -189,13 +183,13 @@ func (in *instance) supervise(ctx context.Context) {
 		}
 		in.setState(StateRestarting, reason)
 		in.m.log.Info("restarting instance", zap.String("role", in.role), zap.String("reason", reason), zap.Duration("backoff", wait))
-		if !sleepCtx(ctx, wait) {
+		if !ctxwait.Sleep(ctx, wait) {
 			return
 		}
 		// Stop what is left of the failed run (a process that stopped
 		// answering) so ensureRunning starts it afresh.
 		octx, cancel := in.opCtx(ctx)
-		if err := in.m.cfg.Provider.CancelBootstrap(octx, h); err != nil {
+		if err := in.m.cfg.Provider.HaltInstance(octx, h); err != nil {
 			in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
 		}
 		cancel()
@@ -231,7 +225,7 @@ func (in *instance) admitRestart() (time.Duration, bool) {
 	return wait, true
 }
 
-func (in *instance) giveUp(ctx context.Context, h NodeHandle, reason string) {
+func (in *instance) giveUp(ctx context.Context, h InstanceHandle, reason string) {
 	pol := in.spec.Restart
 	msg := fmt.Sprintf("gave up after %d restarts within %v: %s", pol.Max, pol.Window, reason)
 	in.setState(StateFailed, msg)
@@ -240,7 +234,7 @@ func (in *instance) giveUp(ctx context.Context, h NodeHandle, reason string) {
 	// its logs for the operator.
 	octx, cancel := in.opCtx(ctx)
 	defer cancel()
-	if err := in.m.cfg.Provider.CancelBootstrap(octx, h); err != nil {
+	if err := in.m.cfg.Provider.HaltInstance(octx, h); err != nil {
 		in.m.log.Warn("stopping failed instance", zap.String("role", in.role), zap.Error(err))
 	}
 }
@@ -248,7 +242,7 @@ func (in *instance) giveUp(ctx context.Context, h NodeHandle, reason string) {
 // ensureRunning adopts the running container, or starts the existing one,
 // or creates and starts it — retrying runtime errors (daemon unreachable)
 // with backoff until ctx is done.
-func (in *instance) ensureRunning(ctx context.Context) (NodeHandle, bool) {
+func (in *instance) ensureRunning(ctx context.Context) (InstanceHandle, bool) {
 	backoff := in.m.cfg.RetryBackoff
 	reported := false
 	for {
@@ -265,7 +259,7 @@ func (in *instance) ensureRunning(ctx context.Context) (NodeHandle, bool) {
 			return h, true
 		}
 		if ctx.Err() != nil {
-			return NodeHandle{}, false
+			return InstanceHandle{}, false
 		}
 		in.setState(StateError, err.Error())
 		if !reported {
@@ -273,49 +267,49 @@ func (in *instance) ensureRunning(ctx context.Context) (NodeHandle, bool) {
 			reported = true
 		}
 		in.m.log.Warn("provisioning instance", zap.String("role", in.role), zap.Error(err), zap.Duration("retry_in", backoff))
-		if !sleepCtx(ctx, backoff) {
-			return NodeHandle{}, false
+		if !ctxwait.Sleep(ctx, backoff) {
+			return InstanceHandle{}, false
 		}
 		backoff = min(backoff*2, in.m.cfg.MaxRetryBackoff)
 	}
 }
 
-func (in *instance) tryEnsure(ctx context.Context) (NodeHandle, bool, error) {
+func (in *instance) tryEnsure(ctx context.Context) (InstanceHandle, bool, error) {
 	p := in.m.cfg.Provider
 	// Durable intent first: a crash from here on leaves an intent to adopt
 	// or clean up, never an untracked container.
-	if err := in.m.cfg.Intents.PutIntent(in.ref, in.node); err != nil {
-		return NodeHandle{}, false, err
+	if err := in.m.cfg.Intents.PutIntent(in.ref, in.intent); err != nil {
+		return InstanceHandle{}, false, err
 	}
-	in.drainExits()
+	in.drainEnds()
 	octx, cancel := in.opCtx(ctx)
 	defer cancel()
-	a, ok, err := p.AdoptBySpec(octx, in.node, in)
+	a, ok, err := p.AdoptBySpec(octx, in.intent, in)
 	if err != nil {
-		return NodeHandle{}, false, fmt.Errorf("adopt: %w", err)
+		return InstanceHandle{}, false, fmt.Errorf("adopt: %w", err)
 	}
 	if ok {
 		return a.Handle, true, nil
 	}
-	var h NodeHandle
-	if a, ok, err = p.PrepareMissingBootstrap(octx, in.node, in); err != nil {
-		return NodeHandle{}, false, fmt.Errorf("prepare: %w", err)
+	var h InstanceHandle
+	if a, ok, err = p.PrepareBySpec(octx, in.intent, in); err != nil {
+		return InstanceHandle{}, false, fmt.Errorf("prepare: %w", err)
 	} else if ok {
 		h = a.Handle
-	} else if h, err = p.CreateNode(octx, in.node, in); err != nil {
-		return NodeHandle{}, false, err
+	} else if h, err = p.CreateInstance(octx, in.intent, in); err != nil {
+		return InstanceHandle{}, false, err
 	}
 	in.setState(StateStarting, "")
-	if err := p.StartBootstrap(octx, h); err != nil {
-		return NodeHandle{}, false, err
+	if err := p.StartInstance(octx, h); err != nil {
+		return InstanceHandle{}, false, err
 	}
 	return h, false, nil
 }
 
-func (in *instance) drainExits() {
+func (in *instance) drainEnds() {
 	for {
 		select {
-		case <-in.exitC:
+		case <-in.endC:
 		default:
 			return
 		}
@@ -324,9 +318,10 @@ func (in *instance) drainExits() {
 
 // serve probes the running instance, registers it when it answers,
 // deregisters it when it stops answering, and returns why it must be
-// restarted: it exited, or it did not answer within ReadyTimeout. It
-// returns "" when ctx is done.
-func (in *instance) serve(ctx context.Context, h NodeHandle) string {
+// restarted: it exited or failed (ObsExited, ObsFailed, or the runtime's
+// status says so), or it did not answer within ReadyTimeout. It returns ""
+// when ctx is done.
+func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 	cfg := in.m.cfg
 	reg := cfg.Registrar
 	in.setState(StateStarting, "")
@@ -344,13 +339,16 @@ func (in *instance) serve(ctx context.Context, h NodeHandle) string {
 			st, err := in.providerStatus(ctx)
 			switch {
 			case errors.Is(err, ErrNotFound):
-				in.emit(EventNodeStopped, "container disappeared")
+				in.emit(EventInstanceStopped, "container disappeared")
 				return "container disappeared"
 			case err != nil:
 				in.m.log.Warn("instance status", zap.String("role", in.role), zap.Error(err))
 			case !st.Running:
-				msg := fmt.Sprintf("exited with status %d", st.ExitCode)
-				in.emit(EventNodeStopped, msg)
+				msg := st.Failure
+				if msg == "" {
+					msg = exitedWith(st.ExitCode)
+				}
+				in.emit(EventInstanceStopped, msg)
 				return msg
 			default:
 				endpoint = st.Endpoints[in.spec.Port]
@@ -374,9 +372,9 @@ func (in *instance) serve(ctx context.Context, h NodeHandle) string {
 					} else {
 						registered = true
 						in.setState(StateReady, "")
-						in.emit(EventNodeLive, "ready at http://"+endpoint)
+						in.emit(EventInstanceLive, "ready at http://"+endpoint)
 						octx, cancel := in.opCtx(ctx)
-						_ = cfg.Provider.CompleteBootstrap(octx, h)
+						_ = cfg.Provider.MarkLive(octx, h)
 						cancel()
 					}
 				}
@@ -399,8 +397,8 @@ func (in *instance) serve(ctx context.Context, h NodeHandle) string {
 		select {
 		case <-ctx.Done():
 			return ""
-		case status := <-in.exitC:
-			// An exit of an earlier run can arrive late; trust the
+		case msg := <-in.endC:
+			// The end of an earlier run can arrive late; trust the
 			// runtime's current state when it can tell.
 			if st, err := in.providerStatus(ctx); err == nil && st.Running {
 				continue
@@ -408,15 +406,14 @@ func (in *instance) serve(ctx context.Context, h NodeHandle) string {
 			if registered {
 				reg.DeregisterLocal(in.role)
 			}
-			msg := fmt.Sprintf("exited with status %d", status)
-			in.emit(EventNodeStopped, msg)
+			in.emit(EventInstanceStopped, msg)
 			return msg
 		case <-ticker.C:
 		}
 	}
 }
 
-func (in *instance) providerStatus(ctx context.Context) (NodeStatus, error) {
+func (in *instance) providerStatus(ctx context.Context) (ResourceStatus, error) {
 	octx, cancel := in.opCtx(ctx)
 	defer cancel()
 	return in.m.cfg.Provider.Status(octx, in.ref)
@@ -442,7 +439,7 @@ func (in *instance) probeOnce(ctx context.Context, endpoint string) bool {
 func (in *instance) remove(ctx context.Context) {
 	in.m.cfg.Registrar.DeregisterLocal(in.role)
 	if in.stopRole(ctx, "") {
-		in.emit(EventNodeStopped, "role removed; instance stopped")
+		in.emit(EventInstanceStopped, "role removed; instance stopped")
 	}
 }
 
@@ -461,7 +458,7 @@ func (in *instance) stopRole(ctx context.Context, keep string) bool {
 		}
 		in.setState(in.status().State, err.Error())
 		in.m.log.Warn("stopping old instance", zap.String("role", in.role), zap.Error(err), zap.Duration("retry_in", backoff))
-		if !sleepCtx(ctx, backoff) {
+		if !ctxwait.Sleep(ctx, backoff) {
 			return false
 		}
 		backoff = min(backoff*2, in.m.cfg.MaxRetryBackoff)

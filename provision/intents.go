@@ -8,19 +8,21 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// IntentStore persists node specs (durable intent) keyed by provider ref.
-// An intent is written before its resource is created and deleted only after
-// the resource is gone, so after a crash every resource has an intent (adopt
-// it) or is unwanted (sweep it). Implementations must be safe for concurrent
-// use; Put and Delete must be durable when they return.
+// IntentStore persists provision specs (durable intent) keyed by provider
+// ref. An intent is written before its resource is created and deleted only
+// after the resource is gone, so after a crash every resource has an intent
+// (adopt it) or is unwanted (sweep it). Implementations must be safe for
+// concurrent use; Put and Delete must be durable when they return.
 type IntentStore interface {
-	PutIntent(ref string, spec NodeSpec) error
+	PutIntent(ref string, spec ProvisionSpec) error
 	DeleteIntent(ref string) error
-	Intents() (map[string]NodeSpec, error)
+	Intents() (map[string]ProvisionSpec, error)
 }
 
 // BoltIntents is an IntentStore in one bucket of a bbolt database the caller
-// owns (and closes).
+// owns (and closes): keys are provider refs, values ProvisionSpec JSON.
+// Values written by earlier releases stay readable (ProvisionSpec's
+// UnmarshalJSON).
 type BoltIntents struct {
 	db     *bbolt.DB
 	bucket []byte
@@ -48,7 +50,7 @@ func NewBoltIntents(db *bbolt.DB, bucket string) (*BoltIntents, error) {
 }
 
 // PutIntent stores spec under ref, replacing any previous intent.
-func (b *BoltIntents) PutIntent(ref string, spec NodeSpec) error {
+func (b *BoltIntents) PutIntent(ref string, spec ProvisionSpec) error {
 	if ref == "" {
 		return errors.New("put intent: empty ref")
 	}
@@ -77,11 +79,11 @@ func (b *BoltIntents) DeleteIntent(ref string) error {
 }
 
 // Intents returns every stored intent by ref.
-func (b *BoltIntents) Intents() (map[string]NodeSpec, error) {
-	out := make(map[string]NodeSpec)
+func (b *BoltIntents) Intents() (map[string]ProvisionSpec, error) {
+	out := make(map[string]ProvisionSpec)
 	err := b.db.View(func(tx *bbolt.Tx) error {
 		return tx.Bucket(b.bucket).ForEach(func(k, v []byte) error {
-			var s NodeSpec
+			var s ProvisionSpec
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("intent %s: %w", k, err)
 			}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"go.uber.org/goleak"
@@ -22,10 +24,12 @@ import (
 	"github.com/infermesh/infermesh/placement"
 )
 
-// testImage is built in TestMain, FROM scratch, from the static demo model
-// binary and the rowrite helper. Its default command serves the demo model
-// on 0.0.0.0:8080.
-const testImage = testimage.Tag
+// testImage is the image the engine tests run, built FROM scratch from the
+// static demo model binary and the test helpers (internal/testimage). Its
+// default command serves the demo model on 0.0.0.0:8080. The tag is unique
+// to this test run, so a build in another work tree cannot swap the image
+// under a running test, and it is removed when the tests end.
+var testImage = fmt.Sprintf("%s-provision-%s", testimage.Tag, runID)
 
 // runID makes this test run's site names unique, so parallel runs (and
 // other engineers' runs) on one engine never see each other's containers.
@@ -33,12 +37,21 @@ var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
 
 var siteSeq atomic.Int64
 
+// The image is built once, by the first engine test that needs it, so the
+// tests that need no engine run whatever state the engine is in.
+var (
+	imageOnce  sync.Once
+	imageErr   error
+	imageBuilt atomic.Bool
+)
+
 func TestMain(m *testing.M) {
-	if err := buildTestImage(); err != nil {
-		fmt.Fprintln(os.Stderr, "provision tests: build test image:", err)
-		os.Exit(1)
-	}
 	code := m.Run()
+	if imageBuilt.Load() {
+		if err := removeTestImage(); err != nil {
+			fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
+		}
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -48,19 +61,48 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func buildTestImage() error {
-	root, err := filepath.Abs("..")
+// requireEngine is where every test that runs containers starts: it skips
+// in -short mode only, and otherwise builds the test image once and fails
+// the test (never skips it) when the engine cannot build it.
+func requireEngine(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs containers on the Docker engine; skipped in -short mode only")
+	}
+	imageOnce.Do(func() {
+		root, err := filepath.Abs("..")
+		if err == nil {
+			err = testimage.Build(root, testImage)
+		}
+		if err == nil {
+			imageBuilt.Store(true)
+		}
+		imageErr = err
+	})
+	if imageErr != nil {
+		t.Fatalf("building the test image %s (the engine tests need it; -short skips them): %v", testImage, imageErr)
+	}
+}
+
+func removeTestImage() error {
+	cli, err := NewDockerClient()
 	if err != nil {
 		return err
 	}
-	return testimage.Build(root, testImage)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = cli.ImageRemove(ctx, testImage, image.RemoveOptions{PruneChildren: true})
+	return err
 }
 
-// testSite returns a site name unique to this test run and test, and
-// registers a cleanup that force-removes every container labeled with it,
-// whatever happens in the test.
-func testSite(t *testing.T) string {
+// engineSite requires the engine (requireEngine) and returns a site name
+// unique to this test run and test. It registers a cleanup that
+// force-removes every container labeled with the site, whatever happens in
+// the test.
+func engineSite(t *testing.T) string {
 	t.Helper()
+	requireEngine(t)
 	site := fmt.Sprintf("pt%s-%d", runID, siteSeq.Add(1))
 	t.Cleanup(func() { removeSite(t, site) })
 	return site
@@ -112,16 +154,16 @@ func removeByName(t *testing.T, cli *DockerClient, name string) {
 }
 
 // demoSpec is a spec serving the demo model on container port 8080.
-func demoSpec(role string, attempt uint64) NodeSpec {
-	return NodeSpec{
-		RunID:     0,
-		NodeID:    1,
-		AttemptID: attempt,
-		Image:     testImage,
-		Args:      []string{"/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo-" + role},
-		Env:       []EnvVar{{Name: "INFERMESH_TEST", Value: "1"}},
-		Role:      role,
-		Ports:     []int{8080},
+func demoSpec(role string, attempt uint64) ProvisionSpec {
+	return ProvisionSpec{
+		RunID:      0,
+		InstanceID: 1,
+		AttemptID:  attempt,
+		Image:      testImage,
+		Args:       []string{"/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo-" + role},
+		Env:        []EnvVar{{Name: "INFERMESH_TEST", Value: "1"}},
+		Role:       role,
+		Ports:      []int{8080},
 	}
 }
 

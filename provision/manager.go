@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -36,14 +37,31 @@ var _ Registrar = (*placement.Table)(nil)
 type InstanceProvider interface {
 	Provider
 	// Status reports ref's resource; ErrNotFound when it does not exist.
-	Status(ctx context.Context, ref string) (NodeStatus, error)
-	// ListManaged lists the resources owned by this agent (site and node).
+	Status(ctx context.Context, ref string) (ResourceStatus, error)
+	// ListManaged lists the resources owned by this agent (its site and
+	// node).
 	ListManaged(ctx context.Context) ([]ManagedContainer, error)
 	// RemoveManaged removes ref after re-checking ownership (ErrNotOwned).
 	RemoveManaged(ctx context.Context, ref string) error
 }
 
 var _ InstanceProvider = (*DockerProvider)(nil)
+
+// ResourceStatus is what Status reports about an instance's resource
+// (for Docker: its container).
+type ResourceStatus struct {
+	ID        string
+	Running   bool
+	ExitCode  int
+	StartedAt time.Time
+	Pid       int
+	// Failure says why the runtime ended the last run when it knows, ""
+	// when the process exited by itself or runs: "out of memory: ...".
+	Failure string
+	// Endpoints maps container TCP ports to their published loopback
+	// address ("127.0.0.1:32768").
+	Endpoints map[int]string
+}
 
 // RestartPolicy bounds restarts of an instance that exited or stopped
 // answering. Zero fields take the defaults.
@@ -57,20 +75,28 @@ type RestartPolicy struct {
 	Backoff time.Duration
 }
 
+// DefaultRestartPolicy returns the defaults of every field.
+func DefaultRestartPolicy() RestartPolicy {
+	return RestartPolicy{Max: 5, Window: 10 * time.Minute, Backoff: 2 * time.Second}
+}
+
 func (p RestartPolicy) withDefaults() RestartPolicy {
-	if p.Max <= 0 {
-		p.Max = 5
-	}
-	if p.Window <= 0 {
-		p.Window = 10 * time.Minute
-	}
-	if p.Backoff <= 0 {
-		p.Backoff = 2 * time.Second
-	}
+	d := DefaultRestartPolicy()
+	defaults.Positive(&p.Max, d.Max)
+	defaults.Positive(&p.Window, d.Window)
+	defaults.Positive(&p.Backoff, d.Backoff)
 	return p
 }
 
-// InstanceSpec is the desired local instance of one role.
+// Defaults of InstanceSpec.
+const (
+	DefaultHealthPath = "/health"
+	DefaultRuntime    = "docker"
+)
+
+// InstanceSpec is the desired local instance of one role (the config's
+// roles.<role>.instance). The Manager turns it into a ProvisionSpec per
+// attempt.
 type InstanceSpec struct {
 	Image string
 	Args  []string
@@ -79,11 +105,12 @@ type InstanceSpec struct {
 	// published on 127.0.0.1 at a port the engine picks.
 	Port   int
 	Mounts []Mount
-	// Health is the readiness path probed with GET. Default /health.
+	// Health is the readiness path probed with GET. Default
+	// DefaultHealthPath.
 	Health string
 	// Model is the model the instance knows (registered in placement).
 	Model string
-	// Runtime is reported in placement. Default "docker".
+	// Runtime is reported in placement. Default DefaultRuntime.
 	Runtime string
 	Restart RestartPolicy
 }
@@ -111,10 +138,10 @@ func (s InstanceSpec) validate() error {
 	return nil
 }
 
-// nodeSpec is the provider spec of the role's instance at attempt. Role
-// instances are not part of a run (RunID 0); NodeID is a stable digest of
-// the role so observations carry a useful number.
-func (s InstanceSpec) nodeSpec(role string, attempt uint64) NodeSpec {
+// provisionSpec is the provider spec of the role's instance at attempt.
+// Role instances are not part of a run (RunID 0); InstanceID is a stable
+// digest of the role so observations carry a useful number.
+func (s InstanceSpec) provisionSpec(role string, attempt uint64) ProvisionSpec {
 	keys := make([]string, 0, len(s.Env))
 	for k := range s.Env {
 		keys = append(keys, k)
@@ -126,15 +153,15 @@ func (s InstanceSpec) nodeSpec(role string, attempt uint64) NodeSpec {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(role))
-	return NodeSpec{
-		NodeID:    h.Sum64(),
-		AttemptID: attempt,
-		Image:     s.Image,
-		Env:       env,
-		Args:      append([]string(nil), s.Args...),
-		Mounts:    append([]Mount(nil), s.Mounts...),
-		Role:      role,
-		Ports:     []int{s.Port},
+	return ProvisionSpec{
+		InstanceID: h.Sum64(),
+		AttemptID:  attempt,
+		Image:      s.Image,
+		Env:        env,
+		Args:       append([]string(nil), s.Args...),
+		Mounts:     append([]Mount(nil), s.Mounts...),
+		Role:       role,
+		Ports:      []int{s.Port},
 	}
 }
 
@@ -249,23 +276,14 @@ func (c *ManagerConfig) fill() error {
 	if c.Events == nil {
 		c.Events = func(Event) {}
 	}
-	setDur := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	setDur(&c.ProbeInterval, d.ProbeInterval)
-	setDur(&c.ProbeTimeout, d.ProbeTimeout)
-	setDur(&c.ReadyTimeout, d.ReadyTimeout)
-	setDur(&c.RetryBackoff, d.RetryBackoff)
-	setDur(&c.MaxRetryBackoff, d.MaxRetryBackoff)
-	setDur(&c.OpTimeout, d.OpTimeout)
-	if c.UnhealthyAfter <= 0 {
-		c.UnhealthyAfter = d.UnhealthyAfter
-	}
-	if c.LogLines <= 0 {
-		c.LogLines = d.LogLines
-	}
+	defaults.Positive(&c.ProbeInterval, d.ProbeInterval)
+	defaults.Positive(&c.ProbeTimeout, d.ProbeTimeout)
+	defaults.Positive(&c.ReadyTimeout, d.ReadyTimeout)
+	defaults.Positive(&c.RetryBackoff, d.RetryBackoff)
+	defaults.Positive(&c.MaxRetryBackoff, d.MaxRetryBackoff)
+	defaults.Positive(&c.OpTimeout, d.OpTimeout)
+	defaults.Positive(&c.UnhealthyAfter, d.UnhealthyAfter)
+	defaults.Positive(&c.LogLines, d.LogLines)
 	return nil
 }
 
@@ -365,12 +383,8 @@ func cloneInstanceSpec(s InstanceSpec) InstanceSpec {
 			c.Env[k] = v
 		}
 	}
-	if c.Health == "" {
-		c.Health = "/health"
-	}
-	if c.Runtime == "" {
-		c.Runtime = "docker"
-	}
+	defaults.Zero(&c.Health, DefaultHealthPath)
+	defaults.Zero(&c.Runtime, DefaultRuntime)
 	c.Restart = s.Restart.withDefaults()
 	return c
 }
@@ -511,8 +525,8 @@ func (m *Manager) reconcile(ctx context.Context, wg *sync.WaitGroup) (pending bo
 
 // pickAttempt reuses the attempt of an intent with the same content (adopt
 // it) or takes the next number after every attempt the role has had.
-func pickAttempt(role string, spec InstanceSpec, intents map[string]NodeSpec) uint64 {
-	want := spec.nodeSpec(role, 0).Hash()
+func pickAttempt(role string, spec InstanceSpec, intents map[string]ProvisionSpec) uint64 {
+	want := spec.provisionSpec(role, 0).Hash()
 	var same, highest uint64
 	for _, s := range intents {
 		if s.Role != role {

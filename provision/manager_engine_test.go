@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"path/filepath"
@@ -182,7 +183,7 @@ func chat(t *testing.T, base, model string) {
 
 func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
 	t.Parallel()
-	e := newMgrEnv(t, testSite(t), "", nil)
+	e := newMgrEnv(t, engineSite(t), "", nil)
 	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
 	st := e.waitReady("chat", nil)
 
@@ -210,8 +211,8 @@ func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
 		}
 		chat(t, base, "m-chat")
 	}
-	if !e.hasEvent(EventNodeStopped, "exited with status 137") {
-		t.Errorf("no node_stopped event for the kill")
+	if !e.hasEvent(EventInstanceStopped, "exited with status 137") {
+		t.Errorf("no instance_stopped event for the kill")
 	}
 
 	// A third exit within the window is over the policy: given up.
@@ -261,7 +262,7 @@ func logsText(lines []LogLine) string {
 
 func TestManagerAdoptsAcrossAgentRestartWithoutGap(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
+	site := engineSite(t)
 	e1 := newMgrEnv(t, site, "", nil)
 	e1.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
 	st1 := e1.waitReady("chat", nil)
@@ -328,7 +329,7 @@ func TestManagerAdoptsAcrossAgentRestartWithoutGap(t *testing.T) {
 
 func TestManagerReplacesOnSpecChangeAndRemovesRole(t *testing.T) {
 	t.Parallel()
-	e := newMgrEnv(t, testSite(t), "", nil)
+	e := newMgrEnv(t, engineSite(t), "", nil)
 	ctx := context.Background()
 	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-one")})
 	st1 := e.waitReady("chat", nil)
@@ -380,7 +381,7 @@ func TestManagerReplacesOnSpecChangeAndRemovesRole(t *testing.T) {
 
 func TestManagerSweepOrphans(t *testing.T) {
 	t.Parallel()
-	site, otherSite := testSite(t), testSite(t)
+	site, otherSite := engineSite(t), engineSite(t)
 	e := newMgrEnv(t, site, "", nil)
 	ctx := context.Background()
 	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
@@ -388,15 +389,15 @@ func TestManagerSweepOrphans(t *testing.T) {
 
 	// An orphan with our labels (no intent), another node's, another
 	// site's, and an unlabeled container.
-	orphan, err := e.p.CreateNode(ctx, demoSpec("old", 3), Discard)
+	orphan, err := e.p.CreateInstance(ctx, demoSpec("old", 3), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherNode, err := newTestProvider(t, e.cli, site, "n2").CreateNode(ctx, demoSpec("old", 3), Discard)
+	otherNode, err := newTestProvider(t, e.cli, site, "n2").CreateInstance(ctx, demoSpec("old", 3), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherSiteH, err := newTestProvider(t, e.cli, otherSite, "n1").CreateNode(ctx, demoSpec("old", 3), Discard)
+	otherSiteH, err := newTestProvider(t, e.cli, otherSite, "n1").CreateInstance(ctx, demoSpec("old", 3), Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,24 +432,28 @@ func TestManagerSweepOrphans(t *testing.T) {
 
 func TestManagerRecoversFromCrashBetweenIntentAndCreate(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
+	site := engineSite(t)
 	dbPath := filepath.Join(t.TempDir(), "state.db")
 
-	// The previous agent wrote intents and died before creating anything:
-	// one for a role still configured, one for a role since removed.
+	// The previous agent, of the previous release, wrote intents and died
+	// before creating anything: one for a role still configured, one for a
+	// role since removed. They are in that release's shape ("node_id",
+	// "stage_index").
 	{
 		db, err := bbolt.Open(dbPath, 0o600, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		in, err := NewBoltIntents(db, "provision")
-		if err != nil {
+		if _, err := NewBoltIntents(db, "provision"); err != nil {
 			t.Fatal(err)
 		}
 		p := newTestProvider(t, testClient(t), site, "n1")
 		for role, spec := range map[string]InstanceSpec{"chat": cloneInstanceSpec(instanceSpec("m-chat")), "gone": cloneInstanceSpec(instanceSpec("m-gone"))} {
-			node := spec.nodeSpec(role, 4)
-			if err := in.PutIntent(p.ProviderRef(node), node); err != nil {
+			ps := spec.provisionSpec(role, 4)
+			err := db.Update(func(tx *bbolt.Tx) error {
+				return tx.Bucket([]byte("provision")).Put([]byte(p.ProviderRef(ps)), previousReleaseIntent(t, ps))
+			})
+			if err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -474,7 +479,7 @@ func TestManagerRecoversFromCrashBetweenIntentAndCreate(t *testing.T) {
 
 func TestManagerDeregistersWhileUnansweredAndReregisters(t *testing.T) {
 	t.Parallel()
-	e := newMgrEnv(t, testSite(t), "", nil)
+	e := newMgrEnv(t, engineSite(t), "", nil)
 	e.apply(map[string]InstanceSpec{"chat": instanceSpec("m-chat")})
 	st := e.waitReady("chat", nil)
 	ctx := context.Background()
@@ -517,7 +522,7 @@ func (f *failingCreate) ContainerCreate(ctx context.Context, cc *container.Confi
 
 func TestManagerRuntimeErrorsRetryWhileOtherRolesServe(t *testing.T) {
 	t.Parallel()
-	site := testSite(t)
+	site := engineSite(t)
 	f := &failingCreate{DockerAPI: testClient(t), name: "infermesh-" + site + "-n1-embed-1"}
 	f.down.Store(true)
 	e := newMgrEnv(t, site, "", f)
@@ -558,4 +563,57 @@ func TestManagerDeadDaemon(t *testing.T) {
 		t.Errorf("SweepOrphans = %v, want ErrDaemonUnreachable", err)
 	}
 	e.stop() // Run returns nil promptly even while retrying
+}
+
+// memLimited creates every container with a memory limit, as an engine
+// policy could: the provider sets none.
+type memLimited struct {
+	DockerAPI
+	limit int64
+}
+
+func (m memLimited) ContainerCreate(ctx context.Context, cc *container.Config, hc *container.HostConfig, nc *networkConfig, pl *platform, name string) (container.CreateResponse, error) {
+	hc.Resources.Memory, hc.Resources.MemorySwap = m.limit, m.limit
+	return m.DockerAPI.ContainerCreate(ctx, cc, hc, nc, pl, name)
+}
+
+// An instance the kernel kills for running out of memory is restarted, and
+// given up, with that reason: the operator reads "out of memory", not a
+// bare exit status.
+func TestManagerReportsOOMKills(t *testing.T) {
+	t.Parallel()
+	e := newMgrEnv(t, engineSite(t), "", memLimited{DockerAPI: testClient(t), limit: 32 << 20})
+	spec := instanceSpec("m-hog")
+	spec.Args = []string{"/memhog", "256"}
+	spec.Restart = RestartPolicy{Max: 1, Window: time.Minute, Backoff: 50 * time.Millisecond}
+	e.apply(map[string]InstanceSpec{"hog": spec})
+
+	st := e.waitInstance("hog", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
+	if !strings.Contains(st.LastError, "gave up after 1 restarts") || !strings.Contains(st.LastError, "out of memory") {
+		t.Errorf("LastError = %q, want it to give up for running out of memory", st.LastError)
+	}
+	if !e.hasEvent(EventInstanceStopped, "out of memory") {
+		t.Errorf("no instance_stopped event saying out of memory")
+	}
+	if logs := logsText(e.m.Logs("hog", 0)); !strings.Contains(logs, "failed: out of memory") {
+		t.Errorf("Logs(hog) = %q, want the failed line", logs)
+	}
+	if _, ok := e.table.LocalBaseForRole("hog"); ok {
+		t.Errorf("an instance that never answered is registered in placement")
+	}
+}
+
+// previousReleaseIntent is spec as the previous release stored it: the
+// instance id under "node_id", and a "stage_index".
+func previousReleaseIntent(t *testing.T, spec ProvisionSpec) []byte {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(string(b), `"instance_id":`, `"stage_index":null,"node_id":`, 1)
+	if old == string(b) {
+		t.Fatalf("no instance_id in %s", b)
+	}
+	return []byte(old)
 }

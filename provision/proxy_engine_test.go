@@ -15,7 +15,7 @@ import (
 // Manager, reached by an app through the role's loopback proxy listener.
 func TestManagerChatCompletionThroughLoopbackProxy(t *testing.T) {
 	t.Parallel()
-	e := newMgrEnv(t, testSite(t), "", nil)
+	e := newMgrEnv(t, engineSite(t), "", nil)
 	px, err := proxy.New(proxy.Config{Resolver: e.table})
 	if err != nil {
 		t.Fatal(err)

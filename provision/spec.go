@@ -10,25 +10,56 @@ import (
 	"strings"
 )
 
-// NodeSpec describes one node attempt a provider acquires. It is the durable
-// intent written before a resource is created, so it must JSON round-trip;
-// specs written by older versions (without mounts, attempt id, role or
-// ports) decode with zero values for those fields.
-type NodeSpec struct {
-	RunID  uint64 `json:"run_id"`
-	NodeID uint64 `json:"node_id"`
+// ProvisionSpec is what a provider is asked to provision: one attempt of
+// one instance (image, environment, arguments, mounts, published ports) and
+// the ids that name it. It is the durable intent written before a resource
+// is created, so it must JSON round-trip. Specs written by older versions
+// decode: without mounts, attempt id, role or ports they get zero values;
+// their "node_id" is read as the instance id (see UnmarshalJSON).
+type ProvisionSpec struct {
+	// RunID groups the attempts of one provisioning run. Role instances
+	// belong to no run and carry 0; it names role-less instances.
+	RunID uint64 `json:"run_id"`
+	// InstanceID identifies the instance within its run. For a role's
+	// instance it is a stable digest of the role, so observations carry a
+	// useful number.
+	InstanceID uint64 `json:"instance_id"`
 	// AttemptID is the concrete attempt. Zero is reserved for an unbound
 	// template: providers refuse to create a resource for it.
-	AttemptID  uint64   `json:"attempt_id"`
-	StageIndex *uint32  `json:"stage_index"`
-	Image      string   `json:"image"`
-	Env        []EnvVar `json:"env"`
-	Args       []string `json:"args"`
-	Mounts     []Mount  `json:"mounts,omitempty"`
-	// Role is the infermesh role an instance serves ("" for bootstrap nodes).
+	AttemptID uint64   `json:"attempt_id"`
+	Image     string   `json:"image"`
+	Env       []EnvVar `json:"env"`
+	Args      []string `json:"args"`
+	Mounts    []Mount  `json:"mounts,omitempty"`
+	// Role is the infermesh role the instance serves; "" for an instance
+	// outside any role, which is then named by run and instance id.
 	Role string `json:"role,omitempty"`
 	// Ports are container TCP ports published on the host's loopback only.
 	Ports []int `json:"ports,omitempty"`
+}
+
+// UnmarshalJSON decodes a spec. Intents written before instances had their
+// own word name the instance id "node_id", as the reference design's wire
+// shape does; it is read when "instance_id" is absent. Their "stage_index"
+// (a reference-design field infermesh never set) is ignored.
+func (s *ProvisionSpec) UnmarshalJSON(b []byte) error {
+	type plain ProvisionSpec // without this method: no recursion
+	var v struct {
+		plain
+		InstanceID *uint64 `json:"instance_id"`
+		NodeID     *uint64 `json:"node_id"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*s = ProvisionSpec(v.plain)
+	switch {
+	case v.InstanceID != nil:
+		s.InstanceID = *v.InstanceID
+	case v.NodeID != nil:
+		s.InstanceID = *v.NodeID
+	}
+	return nil
 }
 
 // EnvVar is one environment variable. It encodes as a two-element JSON array
@@ -56,7 +87,7 @@ func (e *EnvVar) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Mount is a host path bind-mounted into the node.
+// Mount is a host path bind-mounted into the instance.
 type Mount struct {
 	HostPath      string `json:"host_path"`
 	ContainerPath string `json:"container_path"`
@@ -68,7 +99,7 @@ type Mount struct {
 var ErrTemplateSpec = errors.New("spec is an unbound template (attempt id 0)")
 
 // Validate checks the fields every provider relies on.
-func (s NodeSpec) Validate() error {
+func (s ProvisionSpec) Validate() error {
 	if s.AttemptID == 0 {
 		return ErrTemplateSpec
 	}
@@ -97,10 +128,13 @@ func (s NodeSpec) Validate() error {
 }
 
 // Hash is a digest of what runs (role, image, env, args, mounts, ports) —
-// not of the identifiers (run, node, attempt, stage), which live in the
+// not of the identifiers (run, instance, attempt), which live in the
 // resource's name and labels. Two specs with equal hashes yield
-// interchangeable containers; a resource whose hash differs is stale.
-func (s NodeSpec) Hash() string {
+// interchangeable containers; a resource whose hash differs is stale. The
+// digest of a given content never changes across versions: running
+// containers carry it in their spec-hash label, and a new digest would make
+// every one of them stale.
+func (s ProvisionSpec) Hash() string {
 	content := struct {
 		Role   string   `json:"role"`
 		Image  string   `json:"image"`
@@ -119,12 +153,8 @@ func (s NodeSpec) Hash() string {
 }
 
 // Clone returns a deep copy.
-func (s NodeSpec) Clone() NodeSpec {
+func (s ProvisionSpec) Clone() ProvisionSpec {
 	c := s
-	if s.StageIndex != nil {
-		v := *s.StageIndex
-		c.StageIndex = &v
-	}
 	c.Env = append([]EnvVar(nil), s.Env...)
 	c.Args = append([]string(nil), s.Args...)
 	c.Mounts = append([]Mount(nil), s.Mounts...)

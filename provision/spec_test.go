@@ -14,9 +14,8 @@ import (
 )
 
 func TestSpecJSONRoundTripKeepsReadOnlyIntent(t *testing.T) {
-	stage := uint32(2)
-	spec := NodeSpec{
-		RunID: 17, NodeID: 23, AttemptID: 7, StageIndex: &stage,
+	spec := ProvisionSpec{
+		RunID: 17, InstanceID: 23, AttemptID: 7,
 		Image:  "runtime:latest",
 		Env:    []EnvVar{{Name: "A", Value: "B"}},
 		Args:   []string{"--join"},
@@ -28,10 +27,12 @@ func TestSpecJSONRoundTripKeepsReadOnlyIntent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `"env":[["A","B"]]`) {
-		t.Errorf("json = %s, want env as [name, value] pairs", b)
+	for _, want := range []string{`"env":[["A","B"]]`, `"instance_id":23`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("json = %s, want it to contain %s", b, want)
+		}
 	}
-	var got NodeSpec
+	var got ProvisionSpec
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
@@ -40,40 +41,91 @@ func TestSpecJSONRoundTripKeepsReadOnlyIntent(t *testing.T) {
 	}
 }
 
-func TestSpecOlderJSONDecodesWithDefaults(t *testing.T) {
-	var got NodeSpec
-	err := json.Unmarshal([]byte(`{"run_id":17,"node_id":23,"stage_index":2,"image":"runtime:latest","env":[],"args":[]}`), &got)
-	if err != nil {
-		t.Fatal(err)
+// Intents the previous release wrote to the state store, byte for byte:
+// the instance id was "node_id" and every spec carried "stage_index".
+const (
+	legacyIntentFull = `{"run_id":17,"node_id":23,"attempt_id":7,"stage_index":2,"image":"runtime:latest","env":[["A","B"]],"args":["--port","8080"],"mounts":[{"host_path":"/cache/model.gguf","container_path":"/models/model.gguf","readonly":true}],"role":"chat","ports":[8080]}`
+	legacyIntentRole = `{"run_id":0,"node_id":17483973832482698379,"attempt_id":3,"stage_index":null,"image":"llama-server:local","env":[["A","1"],["B","2"]],"args":["--port","8080"],"role":"chat","ports":[8080]}`
+)
+
+func TestSpecOlderJSONDecodes(t *testing.T) {
+	tests := []struct {
+		name string
+		json string
+		want ProvisionSpec
+	}{
+		{"reference design shape, no mounts, attempt, role or ports",
+			`{"run_id":17,"node_id":23,"stage_index":2,"image":"runtime:latest","env":[],"args":[]}`,
+			ProvisionSpec{RunID: 17, InstanceID: 23, Image: "runtime:latest", Env: []EnvVar{}, Args: []string{}}},
+		{"previous release, every field", legacyIntentFull,
+			ProvisionSpec{RunID: 17, InstanceID: 23, AttemptID: 7, Image: "runtime:latest",
+				Env: []EnvVar{{"A", "B"}}, Args: []string{"--port", "8080"},
+				Mounts: []Mount{{HostPath: "/cache/model.gguf", ContainerPath: "/models/model.gguf", ReadOnly: true}},
+				Role:   "chat", Ports: []int{8080}}},
+		{"previous release, a role's instance", legacyIntentRole,
+			InstanceSpec{Image: "llama-server:local", Args: []string{"--port", "8080"}, Env: map[string]string{"B": "2", "A": "1"}, Port: 8080}.provisionSpec("chat", 3)},
+		{"instance_id wins over node_id", `{"instance_id":5,"node_id":6,"attempt_id":1}`,
+			ProvisionSpec{InstanceID: 5, AttemptID: 1}},
+		{"instance_id 0 is not replaced by node_id", `{"instance_id":0,"node_id":6}`, ProvisionSpec{}},
 	}
-	if got.AttemptID != 0 || len(got.Mounts) != 0 || got.Role != "" || len(got.Ports) != 0 {
-		t.Errorf("legacy spec = %+v, want zero attempt, no mounts, role or ports", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got ProvisionSpec
+			if err := json.Unmarshal([]byte(tt.json), &got); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("decode(%s) = %+v, want %+v", tt.json, got, tt.want)
+			}
+		})
 	}
-	if got.StageIndex == nil || *got.StageIndex != 2 || got.RunID != 17 || got.NodeID != 23 {
-		t.Errorf("legacy spec = %+v, want run 17 node 23 stage 2", got)
-	}
+	var got ProvisionSpec
 	if err := json.Unmarshal([]byte(`{"env":[["A","B","C"]]}`), &got); err == nil {
 		t.Errorf("three-element env pair decoded without error")
+	}
+	if err := json.Unmarshal([]byte(`{"node_id":"x"}`), &got); err == nil {
+		t.Errorf("a string node_id decoded without error")
+	}
+}
+
+// The spec hash and the container name are in the labels and names of
+// containers the previous release created: they must not change, or an
+// upgraded agent would replace every running container instead of
+// adopting it.
+func TestSpecHashAndNameAreStableAcrossReleases(t *testing.T) {
+	var full, role ProvisionSpec
+	if err := json.Unmarshal([]byte(legacyIntentFull), &full); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(legacyIntentRole), &role); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := full.Hash(), "687f870b87ad8d6f"; got != want {
+		t.Errorf("hash of the previous release's spec = %s, want %s", got, want)
+	}
+	if got, want := role.Hash(), "ca666038e40292fd"; got != want {
+		t.Errorf("hash of the previous release's role spec = %s, want %s", got, want)
+	}
+	if got, want := containerName("default", "a", role), "infermesh-default-a-chat-3"; got != want {
+		t.Errorf("container name = %s, want %s", got, want)
 	}
 }
 
 func TestSpecHashCoversContentNotIdentity(t *testing.T) {
 	base := demoSpec("chat", 1)
-	stage := uint32(9)
 	tests := []struct {
 		name   string
-		mutate func(*NodeSpec)
+		mutate func(*ProvisionSpec)
 		same   bool
 	}{
-		{"attempt", func(s *NodeSpec) { s.AttemptID = 2 }, true},
-		{"run and node", func(s *NodeSpec) { s.RunID, s.NodeID = 5, 6 }, true},
-		{"stage", func(s *NodeSpec) { s.StageIndex = &stage }, true},
-		{"image", func(s *NodeSpec) { s.Image = "other:1" }, false},
-		{"env", func(s *NodeSpec) { s.Env = []EnvVar{{Name: "INFERMESH_TEST", Value: "2"}} }, false},
-		{"args", func(s *NodeSpec) { s.Args = append(s.Args, "-x") }, false},
-		{"mount read-only flag", func(s *NodeSpec) { s.Mounts = []Mount{{HostPath: "/a", ContainerPath: "/b", ReadOnly: true}} }, false},
-		{"ports", func(s *NodeSpec) { s.Ports = []int{9090} }, false},
-		{"role", func(s *NodeSpec) { s.Role = "embed" }, false},
+		{"attempt", func(s *ProvisionSpec) { s.AttemptID = 2 }, true},
+		{"run and instance", func(s *ProvisionSpec) { s.RunID, s.InstanceID = 5, 6 }, true},
+		{"image", func(s *ProvisionSpec) { s.Image = "other:1" }, false},
+		{"env", func(s *ProvisionSpec) { s.Env = []EnvVar{{Name: "INFERMESH_TEST", Value: "2"}} }, false},
+		{"args", func(s *ProvisionSpec) { s.Args = append(s.Args, "-x") }, false},
+		{"mount read-only flag", func(s *ProvisionSpec) { s.Mounts = []Mount{{HostPath: "/a", ContainerPath: "/b", ReadOnly: true}} }, false},
+		{"ports", func(s *ProvisionSpec) { s.Ports = []int{9090} }, false},
+		{"role", func(s *ProvisionSpec) { s.Role = "embed" }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,16 +142,16 @@ func TestSpecValidate(t *testing.T) {
 	ok := demoSpec("chat", 1)
 	tests := []struct {
 		name    string
-		mutate  func(*NodeSpec)
+		mutate  func(*ProvisionSpec)
 		wantErr string
 	}{
-		{"valid", func(*NodeSpec) {}, ""},
-		{"template", func(s *NodeSpec) { s.AttemptID = 0 }, "unbound template"},
-		{"no image", func(s *NodeSpec) { s.Image = " " }, "image"},
-		{"env name", func(s *NodeSpec) { s.Env = []EnvVar{{Name: "A=B"}} }, "env[0]"},
-		{"relative host path", func(s *NodeSpec) { s.Mounts = []Mount{{HostPath: "models", ContainerPath: "/m"}} }, "mounts[0]"},
-		{"relative container path", func(s *NodeSpec) { s.Mounts = []Mount{{HostPath: "/m", ContainerPath: "m"}} }, "mounts[0]"},
-		{"port", func(s *NodeSpec) { s.Ports = []int{0} }, "ports[0]"},
+		{"valid", func(*ProvisionSpec) {}, ""},
+		{"template", func(s *ProvisionSpec) { s.AttemptID = 0 }, "unbound template"},
+		{"no image", func(s *ProvisionSpec) { s.Image = " " }, "image"},
+		{"env name", func(s *ProvisionSpec) { s.Env = []EnvVar{{Name: "A=B"}} }, "env[0]"},
+		{"relative host path", func(s *ProvisionSpec) { s.Mounts = []Mount{{HostPath: "models", ContainerPath: "/m"}} }, "mounts[0]"},
+		{"relative container path", func(s *ProvisionSpec) { s.Mounts = []Mount{{HostPath: "/m", ContainerPath: "m"}} }, "mounts[0]"},
+		{"port", func(s *ProvisionSpec) { s.Ports = []int{0} }, "ports[0]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,7 +173,7 @@ func TestSinkFuncDeliversTypedObservations(t *testing.T) {
 		got = append(got, o)
 		mu.Unlock()
 	})
-	want := Observation{Kind: ObsProvider, RunID: 1, NodeID: 2, Line: "booting"}
+	want := Observation{Kind: ObsProvider, RunID: 1, InstanceID: 2, Line: "booting"}
 	sink.Observe(want)
 	if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 		t.Errorf("observed %+v, want [%+v]", got, want)
@@ -134,41 +186,41 @@ type minimalProvider struct {
 	created int
 }
 
-func (p *minimalProvider) CreateNode(context.Context, NodeSpec, Sink) (NodeHandle, error) {
+func (p *minimalProvider) CreateInstance(context.Context, ProvisionSpec, Sink) (InstanceHandle, error) {
 	p.created++
-	return NodeHandle{Ref: "x"}, nil
+	return InstanceHandle{Ref: "x"}, nil
 }
-func (p *minimalProvider) CreateNodeSelected(ctx context.Context, s NodeSpec, k Sink, offer *uint64) (NodeHandle, error) {
-	return CreateNodeSelectedDefault(ctx, p, s, k, offer)
+func (p *minimalProvider) CreateInstanceSelected(ctx context.Context, s ProvisionSpec, k Sink, offer *uint64) (InstanceHandle, error) {
+	return CreateInstanceSelectedDefault(ctx, p, s, k, offer)
 }
-func (p *minimalProvider) StartBootstrap(context.Context, NodeHandle) error    { return nil }
-func (p *minimalProvider) CompleteBootstrap(context.Context, NodeHandle) error { return nil }
-func (p *minimalProvider) StopNode(context.Context, NodeHandle) error          { return nil }
+func (p *minimalProvider) StartInstance(context.Context, InstanceHandle) error { return nil }
+func (p *minimalProvider) MarkLive(context.Context, InstanceHandle) error      { return nil }
+func (p *minimalProvider) StopInstance(context.Context, InstanceHandle) error  { return nil }
 
 var _ Provider = (*minimalProvider)(nil)
 
 func TestProviderDefaults(t *testing.T) {
 	ctx := context.Background()
 	p := &minimalProvider{}
-	spec := NodeSpec{RunID: 17, NodeID: 23, AttemptID: 1, Image: "i"}
+	spec := ProvisionSpec{RunID: 17, InstanceID: 23, AttemptID: 1, Image: "i"}
 	offer := uint64(99)
-	if _, err := p.CreateNodeSelected(ctx, spec, Discard, &offer); !errors.Is(err, ErrOfferUnsupported) || !strings.Contains(err.Error(), "99") {
-		t.Errorf("CreateNodeSelected(offer) = %v, want ErrOfferUnsupported naming the offer", err)
+	if _, err := p.CreateInstanceSelected(ctx, spec, Discard, &offer); !errors.Is(err, ErrOfferUnsupported) || !strings.Contains(err.Error(), "99") {
+		t.Errorf("CreateInstanceSelected(offer) = %v, want ErrOfferUnsupported naming the offer", err)
 	}
 	if p.created != 0 {
-		t.Errorf("an exact offer it cannot honour was substituted by CreateNode")
+		t.Errorf("an exact offer it cannot honour was substituted by CreateInstance")
 	}
-	if _, err := p.CreateNodeSelected(ctx, spec, Discard, nil); err != nil || p.created != 1 {
-		t.Errorf("CreateNodeSelected(nil) = %v, created %d, want CreateNode", err, p.created)
+	if _, err := p.CreateInstanceSelected(ctx, spec, Discard, nil); err != nil || p.created != 1 {
+		t.Errorf("CreateInstanceSelected(nil) = %v, created %d, want CreateInstance", err, p.created)
 	}
-	if got, want := p.ProviderRef(spec), "node-17-23"; got != want {
+	if got, want := p.ProviderRef(spec), "instance-17-23"; got != want {
 		t.Errorf("ProviderRef = %q, want %q", got, want)
 	}
 	if _, ok, err := p.AdoptBySpec(ctx, spec, Discard); ok || err != nil {
 		t.Errorf("AdoptBySpec = %v, %v", ok, err)
 	}
-	if _, ok, err := p.PrepareMissingBootstrap(ctx, spec, Discard); ok || err != nil {
-		t.Errorf("PrepareMissingBootstrap = %v, %v", ok, err)
+	if _, ok, err := p.PrepareBySpec(ctx, spec, Discard); ok || err != nil {
+		t.Errorf("PrepareBySpec = %v, %v", ok, err)
 	}
 	if refs, err := p.ListManagedRefs(ctx); refs != nil || err != nil {
 		t.Errorf("ListManagedRefs = %v, %v", refs, err)
@@ -176,8 +228,8 @@ func TestProviderDefaults(t *testing.T) {
 	if found, err := p.StopBySpec(ctx, spec, Discard); found || err != nil {
 		t.Errorf("StopBySpec = %v, %v, want false, nil", found, err)
 	}
-	if err := p.CancelBootstrap(ctx, NodeHandle{}); err != nil {
-		t.Errorf("CancelBootstrap = %v", err)
+	if err := p.HaltInstance(ctx, InstanceHandle{}); err != nil {
+		t.Errorf("HaltInstance = %v", err)
 	}
 }
 
@@ -216,8 +268,24 @@ func TestBoltIntentsDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]NodeSpec{"ref-a": a}; !reflect.DeepEqual(got, want) {
+	if want := map[string]ProvisionSpec{"ref-a": a}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Intents after reopen = %+v, want %+v", got, want)
+	}
+	// An intent the previous release wrote is read, its instance id included.
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("provision")).Put([]byte("ref-old"), []byte(legacyIntentFull))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = in.Intents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old := got["ref-old"]; old.InstanceID != 23 || old.AttemptID != 7 || old.Role != "chat" || old.Hash() != "687f870b87ad8d6f" {
+		t.Errorf("previous release's intent read as %+v, want instance 23, attempt 7, role chat, same hash", old)
+	}
+	if err := in.DeleteIntent("ref-old"); err != nil {
+		t.Fatal(err)
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error { return tx.Bucket([]byte("provision")).Put([]byte("bad"), []byte("{")) }); err != nil {
 		t.Fatal(err)

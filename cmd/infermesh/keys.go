@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/identity"
 )
 
 func init() {
@@ -51,21 +51,21 @@ new keyring file with --keyring FILE.`,
 			}
 			path := keyFile
 			if path == "" {
-				path = filepath.Join(stateDir, mesh.NodeKeyFile)
+				path = filepath.Join(stateDir, identity.NodeKeyFile)
 			}
-			key, err := mesh.LoadKey(path)
+			key, err := identity.LoadKey(path)
 			created := false
 			if errors.Is(err, fs.ErrNotExist) {
 				if err = os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 					return err
 				}
-				key, err = mesh.WriteNewKey(path)
+				key, err = identity.WriteNewKey(path)
 				created = err == nil
 			}
 			if err != nil {
 				return err
 			}
-			pub := mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
 			text := pub
 			if created {
 				text = fmt.Sprintf("%s\n(new key written to %s)", pub, path)
@@ -82,13 +82,13 @@ new keyring file with --keyring FILE.`,
 
 func gossipKeygen(a *app, keyring string) error {
 	if keyring == "" {
-		k, err := mesh.NewGossipKey()
+		k, err := identity.NewGossipKey()
 		if err != nil {
 			return err
 		}
 		return a.print(keyResult{GossipKey: k, Created: true}, k)
 	}
-	k, err := mesh.WriteNewKeyring(keyring)
+	k, err := identity.WriteNewKeyring(keyring)
 	if err != nil {
 		return err
 	}
@@ -108,14 +108,14 @@ func newAuthorityCmd(a *app) *cobra.Command {
 		Short: "Create the authority key pair and print its public key (for trust.authority)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			key, err := mesh.WriteNewKey(keyFile)
+			key, err := identity.WriteNewKey(keyFile)
 			if err != nil {
 				if errors.Is(err, fs.ErrExist) {
 					return fmt.Errorf("%s exists; an authority key is never replaced", keyFile)
 				}
 				return err
 			}
-			pub := mesh.EncodeKey(key.Public().(ed25519.PublicKey))
+			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
 			return a.print(keyResult{Path: keyFile, PublicKey: pub, Created: true},
 				fmt.Sprintf("%s\n(authority key written to %s; keep it offline)", pub, keyFile))
 		},
@@ -128,19 +128,19 @@ func newAuthorityCmd(a *app) *cobra.Command {
 		Short: "Issue an admission certificate for a node and print it (base64)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			key, err := mesh.LoadKey(keyFile)
+			key, err := identity.LoadKey(keyFile)
 			if err != nil {
 				return fmt.Errorf("authority key: %w", err)
 			}
-			pub, err := mesh.ParsePublicKey(pubText)
+			pub, err := identity.ParsePublicKey(pubText)
 			if err != nil {
 				return fmt.Errorf("--public-key: %w", err)
 			}
-			scope, err := mesh.ParseScope(scopeText)
+			scope, err := identity.ParseScope(scopeText)
 			if err != nil {
 				return fmt.Errorf("--scope: %w", err)
 			}
-			cert, err := mesh.IssueCertificate(key, name, pub, scope, ttl, time.Now())
+			cert, err := identity.IssueCertificate(key, name, pub, scope, ttl, time.Now())
 			if err != nil {
 				return err
 			}
@@ -150,7 +150,7 @@ func newAuthorityCmd(a *app) *cobra.Command {
 				PublicKey   string    `json:"public_key"`
 				Scope       string    `json:"scope"`
 				Expires     time.Time `json:"expires"`
-			}{cert.String(), cert.Name, mesh.EncodeKey(cert.PublicKey), cert.Scope.String(), cert.Expires.UTC()}, cert.String())
+			}{cert.String(), cert.Name, identity.EncodeKey(cert.PublicKey), cert.Scope.String(), cert.Expires.UTC()}, cert.String())
 		},
 	}
 	issueCmd.Flags().StringVar(&name, "name", "", "node name (required)")

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/identity"
 )
 
 func runCLI(t *testing.T, args ...string) (string, string, int) {
@@ -29,7 +29,7 @@ func TestKeygen(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &first); err != nil {
 		t.Fatal(err)
 	}
-	if !first.Created || first.Path != filepath.Join(dir, mesh.NodeKeyFile) {
+	if !first.Created || first.Path != filepath.Join(dir, identity.NodeKeyFile) {
 		t.Errorf("first keygen = %+v, want created at %s/node.key", first, dir)
 	}
 	st, err := os.Stat(first.Path)
@@ -52,14 +52,14 @@ func TestKeygen(t *testing.T) {
 
 func TestGossipKeygen(t *testing.T) {
 	out, _, code := runCLI(t, "keygen", "--gossip")
-	if _, err := mesh.ParseGossipKey(out); code != 0 || err != nil {
+	if _, err := identity.ParseGossipKey(out); code != 0 || err != nil {
 		t.Fatalf("keygen --gossip = %q (exit %d): %v", out, code, err)
 	}
 	kr := filepath.Join(t.TempDir(), "keyring.json")
 	if _, errOut, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code != 0 {
 		t.Fatalf("keygen --gossip --keyring exit %d: %s", code, errOut)
 	}
-	if keys, err := mesh.LoadKeyring(kr); err != nil || len(keys) != 1 {
+	if keys, err := identity.LoadKeyring(kr); err != nil || len(keys) != 1 {
 		t.Fatalf("LoadKeyring = %d keys, %v; want 1", len(keys), err)
 	}
 	if _, _, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code == 0 {
@@ -78,7 +78,7 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &init); err != nil {
 		t.Fatal(err)
 	}
-	apub, err := mesh.ParsePublicKey(init.PublicKey)
+	apub, err := identity.ParsePublicKey(init.PublicKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,15 +93,15 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("authority issue exit %d: %s", code, errOut)
 	}
-	cert, err := mesh.ParseCertificate(out)
+	cert, err := identity.ParseCertificate(out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mesh.VerifyCertificate(cert, []ed25519.PublicKey{apub}); err != nil {
+	if err := identity.VerifyCertificate(cert, []ed25519.PublicKey{apub}); err != nil {
 		t.Errorf("issued certificate does not verify: %v", err)
 	}
-	if cert.Name != "node-1" || mesh.EncodeKey(cert.PublicKey) != nodePub || cert.Scope != mesh.ScopeConsumer {
-		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, mesh.EncodeKey(cert.PublicKey), cert.Scope, nodePub)
+	if cert.Name != "node-1" || identity.EncodeKey(cert.PublicKey) != nodePub || cert.Scope != identity.ScopeConsumer {
+		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, identity.EncodeKey(cert.PublicKey), cert.Scope, nodePub)
 	}
 
 	bad := [][]string{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,12 +92,7 @@ func rules(rs []admin.Rule) string {
 func TestPolicySurvivesAgentRestart(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
+	port := freeTCPPort(t)
 	cfgPath := filepath.Join(dir, "infermesh.yaml")
 	cfg := fmt.Sprintf(`
 node: {name: a, state_dir: %s}

@@ -24,8 +24,9 @@ const Tag = "infermesh-demo:test"
 
 // Build builds tag FROM scratch with the static demo model binary (its
 // default command serves the demo model on 0.0.0.0:8080, model "demo") and
-// the rowrite helper (/rowrite: writes a file, exit 3 on failure). root is
-// the module root. Building is idempotent: the engine caches the layers.
+// the test helpers: /rowrite (writes a file, exit 3 on failure) and /memhog
+// (allocates the MiB it is given, to be OOM-killed). root is the module
+// root. Building is idempotent: the engine caches the layers.
 //
 // Packages test in parallel processes on one engine; each uses its own tag,
 // and a build that fails (say, racing another build of the same layers) is
@@ -50,6 +51,7 @@ func buildOnce(root, tag string) error {
 	bins := map[string]string{
 		"infermesh-demo": "./cmd/infermesh-demo",
 		"rowrite":        "./provision/internal/testbin/rowrite",
+		"memhog":         "./provision/internal/testbin/memhog",
 	}
 	for name, pkg := range bins {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
@@ -62,6 +64,7 @@ func buildOnce(root, tag string) error {
 	dockerfile := "FROM scratch\n" +
 		"COPY infermesh-demo /infermesh-demo\n" +
 		"COPY rowrite /rowrite\n" +
+		"COPY memhog /memhog\n" +
 		`CMD ["/infermesh-demo", "-listen", "0.0.0.0:8080", "-model", "demo"]` + "\n"
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 )
@@ -65,7 +66,7 @@ func Measure(ctx context.Context, n int, tune func(*mesh.Config)) (Result, error
 	}
 	defer os.RemoveAll(dir)
 	keyring := filepath.Join(dir, "keyring.json")
-	if _, err := mesh.WriteNewKeyring(keyring); err != nil {
+	if _, err := identity.WriteNewKeyring(keyring); err != nil {
 		return Result{}, err
 	}
 	apub, apriv, err := ed25519.GenerateKey(rand.Reader)
@@ -100,11 +101,11 @@ func Measure(ctx context.Context, n int, tune func(*mesh.Config)) (Result, error
 		cfg := base
 		cfg.NodeName = fmt.Sprintf("n%d", i)
 		cfg.StateDir = filepath.Join(dir, cfg.NodeName)
-		key, _, err := mesh.LoadOrCreateKey(filepath.Join(cfg.StateDir, mesh.NodeKeyFile))
+		key, _, err := identity.LoadOrCreateKey(filepath.Join(cfg.StateDir, identity.NodeKeyFile))
 		if err != nil {
 			return res, err
 		}
-		cert, err := mesh.IssueCertificate(apriv, cfg.NodeName, key.Public().(ed25519.PublicKey), mesh.ScopeFull, time.Hour, time.Now())
+		cert, err := identity.IssueCertificate(apriv, cfg.NodeName, key.Public().(ed25519.PublicKey), identity.ScopeFull, time.Hour, time.Now())
 		if err != nil {
 			return res, err
 		}

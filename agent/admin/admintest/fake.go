@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // T0 is the fake's fixed clock.
@@ -38,10 +39,19 @@ func New(events ...admin.Event) *Fake {
 	return &Fake{
 		History: events,
 		keys: []admin.GossipKey{
-			{Key: "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", Fingerprint: "66687aadf862bd77", Primary: true, Nodes: 3},
-			{Key: "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", Fingerprint: "72cd6e8422c407fb", Nodes: 2},
+			gossipKey("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", true, 3),
+			gossipKey("AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", false, 2),
 		},
 	}
+}
+
+// gossipKey is a key as the agent lists it, with its real fingerprint.
+func gossipKey(key string, primary bool, nodes int) admin.GossipKey {
+	k, err := identity.ParseGossipKey(key)
+	if err != nil {
+		panic(err)
+	}
+	return admin.GossipKey{Key: key, Fingerprint: identity.GossipKeyFingerprint(k).String(), Primary: primary, Nodes: nodes}
 }
 
 // Calls returns the changes made so far, as "op by-uid args".

@@ -1,9 +1,10 @@
-package mesh
+package identity
 
 import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,22 +16,9 @@ import (
 // GossipKeySize is the size of a gossip key: AES-256.
 const GossipKeySize = 32
 
-// maxGossipKeys bounds the keyring (each key's fingerprint travels in node
-// meta so that ListKeys can count the nodes holding it).
-const maxGossipKeys = 8
-
-// ErrPrimaryKey is returned when removing the primary gossip key.
-var ErrPrimaryKey = errors.New("the primary gossip key cannot be removed")
-
-// ErrKeyNotInstalled is returned when using or removing an unknown key.
-var ErrKeyNotInstalled = errors.New("gossip key not installed")
-
-// KeyStatus is one gossip key as ListKeys reports it.
-type KeyStatus struct {
-	Key     string // base64
-	Primary bool   // used to encrypt; the others only decrypt
-	Nodes   int    // live members (this one included) holding the key
-}
+// MaxGossipKeys bounds a keyring (each key's fingerprint travels in node
+// meta so that the mesh can count the nodes holding it).
+const MaxGossipKeys = 8
 
 // NewGossipKey returns a fresh random gossip key in text form.
 func NewGossipKey() (string, error) {
@@ -38,7 +26,12 @@ func NewGossipKey() (string, error) {
 	if _, err := rand.Read(k); err != nil {
 		return "", fmt.Errorf("generate gossip key: %w", err)
 	}
-	return base64.StdEncoding.EncodeToString(k), nil
+	return EncodeGossipKey(k), nil
+}
+
+// EncodeGossipKey returns the text form (standard base64) of a gossip key.
+func EncodeGossipKey(k []byte) string {
+	return base64.StdEncoding.EncodeToString(k)
 }
 
 // ParseGossipKey parses the text form of a gossip key.
@@ -51,6 +44,26 @@ func ParseGossipKey(s string) ([]byte, error) {
 		return nil, fmt.Errorf("gossip key: %d bytes, want %d (AES-256)", len(k), GossipKeySize)
 	}
 	return k, nil
+}
+
+// Fingerprint names a gossip key without revealing it: in node meta (so
+// nodes can count who holds which key), in the admin API, the CLI and the
+// audit log. It is the one fingerprint of a key everywhere.
+type Fingerprint [8]byte
+
+// String is the text form: 16 lowercase hex digits.
+func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
+
+// GossipKeyFingerprint returns the fingerprint of gossip key k: the first 8
+// bytes of a domain-separated SHA-256 of the key, so the hash cannot be
+// mistaken for (or replayed as) a hash of the key in any other protocol.
+func GossipKeyFingerprint(k []byte) Fingerprint {
+	h := sha256.New()
+	h.Write([]byte("infermesh/gossip-key-fp/v1\x00"))
+	h.Write(k)
+	var fp Fingerprint
+	copy(fp[:], h.Sum(nil))
+	return fp
 }
 
 // WriteNewKeyring creates a keyring file at path holding one fresh key and
@@ -92,8 +105,8 @@ func LoadKeyring(path string) ([][]byte, error) {
 	if len(texts) == 0 {
 		return nil, fmt.Errorf("gossip keyring %s: no keys", path)
 	}
-	if len(texts) > maxGossipKeys {
-		return nil, fmt.Errorf("gossip keyring %s: %d keys, at most %d", path, len(texts), maxGossipKeys)
+	if len(texts) > MaxGossipKeys {
+		return nil, fmt.Errorf("gossip keyring %s: %d keys, at most %d", path, len(texts), MaxGossipKeys)
 	}
 	keys := make([][]byte, 0, len(texts))
 	seen := map[string]bool{}
@@ -111,23 +124,16 @@ func LoadKeyring(path string) ([][]byte, error) {
 	return keys, nil
 }
 
-// saveKeyring writes keys (primary first) to path atomically, mode 0600.
-func saveKeyring(path string, keys [][]byte) error {
+// SaveKeyring writes keys (primary first) to path atomically, mode 0600,
+// replacing the file.
+func SaveKeyring(path string, keys [][]byte) error {
 	texts := make([]string, len(keys))
 	for i, k := range keys {
-		texts[i] = base64.StdEncoding.EncodeToString(k)
+		texts[i] = EncodeGossipKey(k)
 	}
 	data, err := json.Marshal(texts)
 	if err != nil {
 		return err
 	}
 	return writeFileAtomic(path, append(data, '\n'))
-}
-
-// keyFingerprint identifies a gossip key in node meta without revealing it.
-func keyFingerprint(k []byte) [8]byte {
-	h := sha256.Sum256(append([]byte("infermesh/gossip-key-fp/v1\x00"), k...))
-	var fp [8]byte
-	copy(fp[:], h[:8])
-	return fp
 }

@@ -1,4 +1,4 @@
-package mesh
+package identity
 
 import (
 	"crypto/ed25519"
@@ -153,75 +153,4 @@ func decodePrivate(s string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("corrupt key: %d bytes, want a %d-byte seed", len(b), ed25519.SeedSize)
 	}
 	return ed25519.NewKeyFromSeed(b), nil
-}
-
-// writeFileExclusive writes data to path with mode 0600 atomically: the
-// content is written and synced to a temporary file that is then linked into
-// place, so readers never see a partial file and an existing file is never
-// replaced (the error wraps fs.ErrExist).
-func writeFileExclusive(path string, data []byte) error {
-	tmp, err := writeTemp(path, data)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// writeFileAtomic writes data to path with mode 0600, replacing any existing
-// file atomically (temporary file, sync, rename).
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := writeTemp(path, data)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func writeTemp(path string, data []byte) (string, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	name := f.Name()
-	fail := func(err error) (string, error) {
-		f.Close()
-		os.Remove(name)
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	// CreateTemp already uses 0600; Chmod guards against a permissive umask
-	// configuration on exotic filesystems.
-	if err := f.Chmod(0o600); err != nil {
-		return fail(err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(name)
-		return "", fmt.Errorf("write %s: %w", path, err)
-	}
-	return name, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }

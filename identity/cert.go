@@ -1,4 +1,4 @@
-package mesh
+package identity
 
 import (
 	"crypto/ed25519"
@@ -50,9 +50,11 @@ var ErrBadCertificate = errors.New("bad admission certificate")
 const (
 	certVersion = 1
 	certDomain  = "infermesh/admission-cert/v1\x00"
-	// maxCertLen bounds the encoded form (it travels in node meta).
-	maxCertLen = 2 + 8 + 8 + ed25519.PublicKeySize + 1 + MaxNodeNameLen + ed25519.SignatureSize
 )
+
+// MaxCertLen bounds the binary form of a certificate (Marshal), which
+// travels in node meta.
+const MaxCertLen = 2 + 8 + 8 + ed25519.PublicKeySize + 1 + MaxNodeNameLen + ed25519.SignatureSize
 
 // Certificate is an admission certificate: the cluster authority vouches
 // that the node Name owns PublicKey with Scope until Expires.
@@ -94,7 +96,7 @@ func IssueCertificate(authority ed25519.PrivateKey, name string, pub ed25519.Pub
 
 // body is the encoded certificate without its signature.
 func (c *Certificate) body() []byte {
-	b := make([]byte, 0, maxCertLen)
+	b := make([]byte, 0, MaxCertLen)
 	b = append(b, certVersion, byte(c.Scope))
 	b = binary.BigEndian.AppendUint64(b, uint64(c.IssuedAt.Unix()))
 	b = binary.BigEndian.AppendUint64(b, uint64(c.Expires.Unix()))
@@ -124,10 +126,12 @@ func ParseCertificate(s string) (*Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadCertificate, err)
 	}
-	return unmarshalCertificate(b)
+	return UnmarshalCertificate(b)
 }
 
-func unmarshalCertificate(b []byte) (*Certificate, error) {
+// UnmarshalCertificate parses the binary form (Marshal) of a certificate.
+// Like ParseCertificate it does not check the signature.
+func UnmarshalCertificate(b []byte) (*Certificate, error) {
 	const fixed = 2 + 8 + 8 + ed25519.PublicKeySize + 1
 	if len(b) < fixed+ed25519.SignatureSize {
 		return nil, fmt.Errorf("%w: %d bytes, too short", ErrBadCertificate, len(b))

@@ -7,45 +7,9 @@ import (
 	"slices"
 	"testing"
 	"time"
-)
 
-func TestLoadKeyring(t *testing.T) {
-	dir := t.TempDir()
-	k1, _ := NewGossipKey()
-	k2, _ := NewGossipKey()
-	tests := []struct {
-		name    string
-		content string
-		mode    os.FileMode
-		want    int
-	}{
-		{"two keys", `["` + k1 + `","` + k2 + `"]`, 0o600, 2},
-		{"group readable", `["` + k1 + `"]`, 0o640, -1},
-		{"empty list", `[]`, 0o600, -1},
-		{"not json", `nope`, 0o600, -1},
-		{"short key", `["AAAA"]`, 0o600, -1},
-		{"duplicate", `["` + k1 + `","` + k1 + `"]`, 0o600, -1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(dir, tt.name)
-			if err := os.WriteFile(p, []byte(tt.content), tt.mode); err != nil {
-				t.Fatal(err)
-			}
-			os.Chmod(p, tt.mode)
-			keys, err := LoadKeyring(p)
-			if tt.want < 0 {
-				if err == nil {
-					t.Fatalf("LoadKeyring = %d keys, want an error", len(keys))
-				}
-				return
-			}
-			if err != nil || len(keys) != tt.want {
-				t.Fatalf("LoadKeyring = %d keys, %v; want %d", len(keys), err, tt.want)
-			}
-		})
-	}
-}
+	"github.com/infermesh/infermesh/identity"
+)
 
 func TestKeyringRotation(t *testing.T) {
 	c := newTestCluster(t)
@@ -60,14 +24,14 @@ func TestKeyringRotation(t *testing.T) {
 		if err := os.WriteFile(cfg.KeyringPath, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cfg.Certificate = c.certFor(cfg, ScopeFull, time.Hour)
+		cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
 		return c.start(cfg)
 	}
 	a, b := mk("a"), mk("b")
 	b.join(t, a)
 	eventually(t, 5*time.Second, "a sees b", func() bool { return len(a.m.Members()) == 2 })
 	old, _ := a.m.ListKeys()
-	newKey, _ := NewGossipKey()
+	newKey, _ := identity.NewGossipKey()
 
 	for _, n := range []*testNode{a, b} {
 		if err := n.m.InstallKey(newKey); err != nil {
@@ -78,6 +42,18 @@ func TestKeyringRotation(t *testing.T) {
 		keys, members := a.m.ListKeys()
 		return members == 2 && len(keys) == 2 && keys[1].Key == newKey && keys[1].Nodes == 2 && keys[0].Primary
 	})
+	// b names the new key in its node meta by the fingerprint ListKeys shows.
+	raw, _ := identity.ParseGossipKey(newKey)
+	fp := identity.GossipKeyFingerprint(raw)
+	if keys, _ := a.m.ListKeys(); keys[1].Fingerprint != fp {
+		t.Errorf("ListKeys fingerprint of the new key = %s, want %s", keys[1].Fingerprint, fp)
+	}
+	a.m.mu.RLock()
+	inMeta := slices.Contains(a.m.peers["b"].meta.keyFPs, fp)
+	a.m.mu.RUnlock()
+	if !inMeta {
+		t.Errorf("b's node meta (as a holds it) does not carry fingerprint %s of the new key", fp)
+	}
 	for _, n := range []*testNode{a, b} {
 		if err := n.m.UseKey(newKey); err != nil {
 			t.Fatal(err)
@@ -98,11 +74,11 @@ func TestKeyringRotation(t *testing.T) {
 	if len(keys) != 1 || keys[0].Key != newKey || !keys[0].Primary {
 		t.Errorf("keys after rotation = %+v, want only the new key, primary", keys)
 	}
-	onDisk, err := LoadKeyring(a.m.cfg.KeyringPath)
+	onDisk, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := ParseGossipKey(newKey)
+	want, _ := identity.ParseGossipKey(newKey)
 	if len(onDisk) != 1 || !slices.Equal(onDisk[0], want) {
 		t.Errorf("persisted keyring = %d keys, want the new key only", len(onDisk))
 	}
