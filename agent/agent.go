@@ -53,6 +53,8 @@ type Options struct {
 	TransportTuning func(*mesh.TransportConfig)
 	// AdminTuning adjusts the admin runtime's options (tests inject fakes).
 	AdminTuning func(*AdminOptions)
+	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
+	NodeTuning func(*NodeOptions)
 }
 
 // Agent is one running infermeshd.
@@ -76,6 +78,7 @@ type Agent struct {
 	transport *mesh.Transport
 	admin     *Admin
 	prov      *provisioning
+	nodes     *nodes // nil without a mesh
 }
 
 // New validates the configuration and builds an agent; nothing is bound
@@ -326,6 +329,27 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log.Error("instance manager stopped", zap.Error(err))
 			}
 		}()
+	}
+
+	if m != nil {
+		// Node bootstrap (`infermesh node add`): it needs the mesh, where
+		// new nodes join. Its close runs before the admin runtime's, so
+		// adds in flight tear down while the state store is open.
+		nrt, err := a.startNodes(ad.Store().DB(), m)
+		if err != nil {
+			a.log.Error("node bootstrap disabled", zap.Error(err))
+			a.audit.Record(Event{Kind: "node.disabled", Fields: map[string]string{"why": err.Error()}})
+		} else {
+			a.mu.Lock()
+			a.nodes = nrt
+			a.mu.Unlock()
+			defer nrt.close()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				nrt.recover(runCtx, a.log.Named("nodes"))
+			}()
+		}
 	}
 
 	if err := ad.Serve(runCtx); err != nil {

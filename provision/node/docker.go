@@ -18,6 +18,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/internal/nodeimage"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -51,6 +52,7 @@ type DockerAPI interface {
 	CopyToContainer(ctx context.Context, container, path string, content io.Reader, options container.CopyToContainerOptions) error
 	ContainerStart(ctx context.Context, container string, options container.StartOptions) error
 	ContainerInspect(ctx context.Context, container string) (container.InspectResponse, error)
+	ContainerStop(ctx context.Context, container string, options container.StopOptions) error
 	ContainerRemove(ctx context.Context, container string, options container.RemoveOptions) error
 }
 
@@ -69,6 +71,9 @@ type DockerLeaseConfig struct {
 	AuthorizedKeys []ssh.PublicKey
 	// CallTimeout bounds each Docker call. Default 30s.
 	CallTimeout time.Duration
+	// StopTimeout is how long a node container gets to shut down (its
+	// agent leaves the mesh) before it is removed by force. Default 10s.
+	StopTimeout time.Duration
 }
 
 // DockerLease leases node containers from the local Docker engine.
@@ -93,9 +98,8 @@ func NewDockerLease(api DockerAPI, cfg DockerLeaseConfig) (*DockerLease, error) 
 	if len(cfg.AuthorizedKeys) == 0 {
 		return nil, errors.New("docker lease: no authorized key (nobody could log in)")
 	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = 30 * time.Second
-	}
+	defaults.Positive(&cfg.CallTimeout, 30*time.Second)
+	defaults.Positive(&cfg.StopTimeout, 10*time.Second)
 	return &DockerLease{api: api, cfg: cfg}, nil
 }
 
@@ -243,9 +247,10 @@ func (d *DockerLease) LookupEndpoint(ctx context.Context, lease LeaseFacts) (End
 	return Endpoint{Host: ip, Port: 22, User: "root", HostKeys: append([]string(nil), lease.HostKeys...)}, true, nil
 }
 
-// Destroy force-removes the node's container after checking it is this
-// agent's container of that node (ErrNotOwned otherwise). Gone already is
-// success. A handle of another provider is refused.
+// Destroy removes the node's container by force after checking it is this
+// agent's container of that node (ErrNotOwned otherwise), giving it
+// StopTimeout to shut down first. Gone already is success. A handle of
+// another provider is refused.
 func (d *DockerLease) Destroy(ctx context.Context, h DestroyHandle) error {
 	if h.Provider != KindDocker {
 		return fmt.Errorf("docker lease: refusing a %q destroy handle", h.Provider)
@@ -265,6 +270,15 @@ func (d *DockerLease) Destroy(ctx context.Context, h DestroyHandle) error {
 	}
 	if info.Config == nil || !d.owned(info.Config.Labels, h.Node) {
 		return fmt.Errorf("remove container %s: %w", strings.TrimPrefix(info.Name, "/"), ErrNotOwned)
+	}
+	if info.State != nil && info.State.Running {
+		// A clean shutdown first, so that the node's agent leaves the mesh
+		// rather than being declared dead; whatever happens, removal
+		// below is forced.
+		secs := int(d.cfg.StopTimeout / time.Second)
+		sctx, scancel := context.WithTimeout(ctx, d.cfg.StopTimeout+d.cfg.CallTimeout)
+		_ = d.api.ContainerStop(sctx, info.ID, container.StopOptions{Timeout: &secs})
+		scancel()
 	}
 	cctx, cancel = d.call(ctx)
 	err = d.api.ContainerRemove(cctx, info.ID, container.RemoveOptions{Force: true})

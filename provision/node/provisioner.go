@@ -263,6 +263,13 @@ func (p *Provisioner) startBootstrap(ctx context.Context, c CmdStartBootstrap) e
 			return err
 		},
 	}
+	// Each event is fed back as it happens, so that progress is live.
+	var feedErr error
+	spec.OnEvent = func(e SessionEvent) {
+		if feedErr == nil {
+			feedErr = p.feed([]SessionEvent{e})
+		}
+	}
 	s := NewSession(spec, p.cfg.Clients.ClientFor(spec))
 	// Held before it starts, so that a teardown after any failure cancels
 	// (closes) it.
@@ -274,8 +281,8 @@ func (p *Provisioner) startBootstrap(ctx context.Context, c CmdStartBootstrap) e
 			reason = e.Reason
 		}
 	}
-	if err := p.feed(events); err != nil {
-		return err
+	if feedErr != nil {
+		return feedErr
 	}
 	if reason != "" {
 		return &Error{Kind: ErrBootstrap, Node: rec.Spec.Name, Lease: c.Lease, Stage: s.Stage(), Reason: reason}

@@ -31,7 +31,7 @@ func TestStartRunsEveryStageAndStoresIntentFirst(t *testing.T) {
 			stages = append(stages, string(r.Stage))
 		}
 	}
-	want := "created ready stdout_streaming boot_checking agent_starting waiting_for_join"
+	want := "created connecting ready stdout_streaming boot_checking agent_starting waiting_for_join"
 	if got := strings.Join(stages, " "); got != want {
 		t.Errorf("stages = %s, want %s", got, want)
 	}

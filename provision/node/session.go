@@ -56,6 +56,9 @@ type SessionSpec struct {
 	OnInstalled func(Installed) error
 	// OnNodeKey is called with the node's public key once read back.
 	OnNodeKey func(pub string) error
+	// OnEvent is told each event of Start as it happens (Start returns
+	// them all as well).
+	OnEvent func(SessionEvent)
 }
 
 // Session is one bootstrap of one host, stage by stage (the reference
@@ -94,16 +97,24 @@ func (s *Session) LastSeqs() (stdout, stderr uint64) { return s.lastStdoutSeq, s
 func (s *Session) Start(ctx context.Context, sink Sink) []SessionEvent {
 	s.sink = sink
 	var events []SessionEvent
+	report := func(e SessionEvent) {
+		events = append(events, e)
+		if s.spec.OnEvent != nil {
+			s.spec.OnEvent(e)
+		}
+	}
 	fail := func(stage Stage, format string, err error) []SessionEvent {
 		s.stage = stage
 		if ctx.Err() != nil {
 			s.stage = StageCancelled
 		}
-		return append(events, SessionEvent{Kind: EventFailed, Reason: fmt.Sprintf(format, err)})
+		report(SessionEvent{Kind: EventFailed, Reason: fmt.Sprintf(format, err)})
+		return events
 	}
 
 	s.stage = StageConnecting
 	ep := s.spec.Endpoint
+	report(observed(StageConnecting, ep.String()))
 	if err := s.client.Connect(ctx, ep); err != nil {
 		return fail(StageSSHTimeout, "ssh connect: %v", err)
 	}
@@ -111,28 +122,30 @@ func (s *Session) Start(ctx context.Context, sink Sink) []SessionEvent {
 		return fail(StageSSHTimeout, "ssh probe: %v", err)
 	}
 	s.stage = StageReady
-	events = append(events, observed(StageReady, ep.String()))
+	report(observed(StageReady, ep.String()+", host key verified"))
 
 	s.stage = StageStdoutStreaming
+	report(observed(StageStdoutStreaming, fmt.Sprintf("%d log source(s)", len(s.spec.Boot.StdoutSources)+len(s.spec.Boot.StderrSources))))
 	if err := s.readLogs(ctx); err != nil {
 		return fail(StageStreamError, "bootstrap log stream: %v", err)
 	}
-	events = append(events, SessionEvent{Kind: EventObserved, Observation: s.observation(StageStdoutStreaming, "")})
+	report(SessionEvent{Kind: EventObserved, Observation: s.observation(StageStdoutStreaming, "read")})
 
 	s.stage = StageBootChecking
-	events = append(events, observed(StageBootChecking, fmt.Sprintf("%d check(s)", len(s.spec.Boot.Verify))))
+	report(observed(StageBootChecking, fmt.Sprintf("%d check(s)", len(s.spec.Boot.Verify))))
 	if err := s.verify(ctx); err != nil {
 		return fail(StageBootCheckFailed, "boot check failed: %v", err)
 	}
 
 	s.stage = StageAgentStarting
-	events = append(events, observed(StageAgentStarting, strings.Join(s.spec.Install.Units, ", ")))
+	report(observed(StageAgentStarting, strings.Join(s.spec.Install.Units, ", ")))
 	if err := s.install(ctx); err != nil {
 		return fail(StageStartFailed, "agent start failed: %v", err)
 	}
 
 	s.stage = StageWaitingForJoin
-	return append(events, SessionEvent{Kind: EventObserved, Observation: s.observation(StageWaitingForJoin, "")})
+	report(SessionEvent{Kind: EventObserved, Observation: s.observation(StageWaitingForJoin, "the agent runs on the node")})
+	return events
 }
 
 // ConvergenceObserved ends a session whose node joined as member: the sink
