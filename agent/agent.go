@@ -347,7 +347,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				nrt.recover(runCtx, a.log.Named("nodes"))
+				nrt.recover(runCtx, a.log.Named("nodes"), ad.Backend())
 			}()
 		}
 	}

@@ -130,8 +130,9 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	return &nodes{mgr: mgr, signer: signer, docker: docker, membership: mm, opts: opts}, nil
 }
 
-// recover tears down what an add cut short by a crash or a stop left.
-func (n *nodes) recover(ctx context.Context, log *zap.Logger) {
+// recover tears down what an add cut short by a crash or a stop left,
+// then drops the accept_from overrides of adds that left no node.
+func (n *nodes) recover(ctx context.Context, log *zap.Logger, b *Backend) {
 	done, err := n.mgr.Recover(ctx)
 	if len(done) > 0 {
 		log.Info("tore down nodes whose add did not finish", zap.Strings("nodes", done))
@@ -139,6 +140,16 @@ func (n *nodes) recover(ctx context.Context, log *zap.Logger) {
 	if err != nil {
 		log.Error("tearing down unfinished nodes", zap.Error(err))
 	}
+	recs, err := n.mgr.List()
+	if err != nil {
+		log.Error("listing nodes", zap.Error(err))
+		return
+	}
+	recorded := map[string]bool{}
+	for _, r := range recs {
+		recorded[r.Spec.Name] = true
+	}
+	b.dropOrphanNodeOverrides(recorded)
 }
 
 // close ends the adds in flight (each tears its node down) and releases
@@ -455,6 +466,23 @@ func (b *Backend) dropNodeOverrides(keys []store.Key) {
 	if _, err := b.applyLocked(); err != nil {
 		b.log.Warn("applying policy", zap.Error(err))
 	}
+}
+
+// dropOrphanNodeOverrides drops the accept_from overrides `node add` made
+// for nodes that are not recorded (an add cut short before its intent was
+// stored, or torn down at start).
+func (b *Backend) dropOrphanNodeOverrides(recorded map[string]bool) {
+	ovs, err := b.store.Overrides()
+	if err != nil {
+		return
+	}
+	var keys []store.Key
+	for _, o := range ovs {
+		if o.Kind == store.KindAcceptFrom && !recorded[o.Node] && strings.HasPrefix(o.By, nodeAddedBy+o.Node+" ") {
+			keys = append(keys, o.Key())
+		}
+	}
+	b.dropNodeOverrides(keys)
 }
 
 // nodeOverrides are the accept_from overrides `node add` made for name.

@@ -43,9 +43,9 @@ failure tears everything down again. node remove undoes an add.`,
 
 type nodeAddFlags struct {
 	provider, ssh, knownHosts, advertise, authorityKey, image, network string
-	fingerprints, roles, upstreams, models, ports, verify               []string
-	demo                                                                bool
-	certTTL, joinTimeout                                                time.Duration
+	fingerprints, roles, upstreams, models, ports, verify              []string
+	demo                                                               bool
+	certTTL, joinTimeout                                               time.Duration
 }
 
 func newNodeAddCmd(a *app) *cobra.Command {
@@ -319,8 +319,15 @@ func (p *nodeProgress) event(e admin.NodeEvent) error {
 	case admin.NodeEventLog:
 		line = p.paint(ansiDim, fmt.Sprintf("    %4d %s | %s", e.Seq, e.Stream, e.Line))
 	case admin.NodeEventStage:
+		// The session's stage while it runs (or just failed), else the
+		// node's phase.
 		where := e.Stage
-		if where == "" || e.Phase != "bootstrapping" && e.Phase != "waiting_for_join" {
+		switch e.Phase {
+		case "bootstrapping", "waiting_for_join", "converged", "failed":
+		default:
+			where = e.Phase
+		}
+		if where == "" {
 			where = e.Phase
 		}
 		line = fmt.Sprintf("%s %s  %s", e.Time.Local().Format("15:04:05"), p.paint(ansiBold, fmt.Sprintf("%-18s", where)), e.Message)
