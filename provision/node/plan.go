@@ -215,7 +215,9 @@ func advertiseIP(ctx context.Context, pc PlanConfig, ep Endpoint) (string, error
 	}
 	resolve := pc.Resolve
 	if resolve == nil {
-		resolve = func(ctx context.Context, h string) ([]net.IP, error) { return net.DefaultResolver.LookupIP(ctx, "ip", h) }
+		resolve = func(ctx context.Context, h string) ([]net.IP, error) {
+			return net.DefaultResolver.LookupIP(ctx, "ip", h)
+		}
 	}
 	ips, err := resolve(ctx, host)
 	if err != nil || len(ips) == 0 {
