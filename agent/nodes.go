@@ -395,8 +395,17 @@ func reachable(what, hostport string) error {
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", what, hostport, err)
 	}
-	if ip := net.ParseIP(h); ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) {
-		return fmt.Errorf("%s is %s: a new node cannot reach it; bind or advertise the mesh on an address the node reaches (mesh.advertise, mesh.quic_advertise)", what, hostport)
+	ip := net.ParseIP(h)
+	kind := ""
+	switch {
+	case ip == nil:
+	case ip.IsLoopback():
+		kind = "a loopback address"
+	case ip.IsUnspecified():
+		kind = "unspecified"
+	}
+	if kind != "" {
+		return fmt.Errorf("%s %s is %s: a new node cannot reach it; bind or advertise the mesh on an address the node reaches (mesh.advertise, mesh.quic_advertise)", what, hostport, kind)
 	}
 	return nil
 }

@@ -268,7 +268,8 @@ func renderNodes(l admin.NodeList) string {
 }
 
 // nodeProgress prints a node stream: NDJSON with --json, else one line per
-// stage and the log lines indented (with colour on a terminal).
+// stage (its time in UTC, as every time the CLI prints) and the log lines
+// indented, with colour on a terminal.
 type nodeProgress struct {
 	out  io.Writer
 	json bool
@@ -330,11 +331,11 @@ func (p *nodeProgress) event(e admin.NodeEvent) error {
 		if where == "" {
 			where = e.Phase
 		}
-		line = fmt.Sprintf("%s %s  %s", e.Time.Local().Format("15:04:05"), p.paint(ansiBold, fmt.Sprintf("%-18s", where)), e.Message)
+		line = fmt.Sprintf("%s %s  %s", e.Time.UTC().Format("15:04:05"), p.paint(ansiBold, fmt.Sprintf("%-18s", where)), e.Message)
 	case admin.NodeEventDone:
-		line = fmt.Sprintf("%s %s  %s", e.Time.Local().Format("15:04:05"), p.paint(ansiGreen, fmt.Sprintf("%-18s", "done")), e.Message)
+		line = fmt.Sprintf("%s %s  %s", e.Time.UTC().Format("15:04:05"), p.paint(ansiGreen, fmt.Sprintf("%-18s", "done")), e.Message)
 	case admin.NodeEventFailed:
-		line = fmt.Sprintf("%s %s  %s", e.Time.Local().Format("15:04:05"), p.paint(ansiRed, fmt.Sprintf("%-18s", "failed")), e.Message)
+		line = fmt.Sprintf("%s %s  %s", e.Time.UTC().Format("15:04:05"), p.paint(ansiRed, fmt.Sprintf("%-18s", "failed")), e.Message)
 	default:
 		return nil
 	}
