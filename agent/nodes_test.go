@@ -164,4 +164,3 @@ func TestNodeAddRefusals(t *testing.T) {
 		t.Errorf("refused adds left overrides: %+v", ovs)
 	}
 }
-
