@@ -1,8 +1,6 @@
 package admin
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -229,48 +227,34 @@ func (c *Client) RemoveNode(ctx context.Context, name string, fn func(NodeEvent)
 var ErrStreamCut = errors.New("the agent ended the stream before the node was done (it stopped?)")
 
 func (c *Client) nodeStream(ctx context.Context, path string, in any, fn func(NodeEvent) error) error {
-	b, err := json.Marshal(in)
+	resp, err := c.open(ctx, http.MethodPost, path, in)
 	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+Host+path, bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			return ue.Err
-		}
 		return err
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
-		return err
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), 2<<20)
-	for sc.Scan() {
-		var e NodeEvent
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return fmt.Errorf("node stream: %w", err)
-		}
-		if err := fn(e); err != nil {
-			return err
+	var end error
+	terminal := false
+	var fnErr error
+	err = readLines(resp.Body, 2<<20, func(e NodeEvent) (bool, error) {
+		if fnErr = fn(e); fnErr != nil {
+			return true, fnErr
 		}
 		switch e.Kind {
 		case NodeEventDone:
-			return nil
+			terminal = true
 		case NodeEventFailed:
-			return &NodeFailedError{Node: e.Node, Stage: e.Stage, Message: e.Message}
+			terminal, end = true, &NodeFailedError{Node: e.Node, Stage: e.Stage, Message: e.Message}
 		}
-	}
-	if ctx.Err() != nil {
+		return terminal, nil
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case terminal:
+		return end
+	case ctx.Err() != nil:
 		return ctx.Err()
-	}
-	if err := sc.Err(); err != nil {
+	case err != nil:
 		return fmt.Errorf("%w: %w", ErrStreamCut, err)
 	}
 	return ErrStreamCut

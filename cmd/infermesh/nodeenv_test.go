@@ -16,13 +16,12 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/infermesh/infermesh/agent"
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/nodeimage"
+	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/provision"
@@ -35,8 +34,8 @@ import (
 // network (the agent's mesh binds on its gateway), site and state.
 
 var (
-	nodeOnce  sync.Once
-	nodeErr   error
+	binsOnce  sync.Once
+	binsErr   error
 	nodeImage string
 	nodeBins  map[string]string // infermeshd, infermesh-demo: static
 	nodeDir   string            // removed by TestMain
@@ -44,28 +43,20 @@ var (
 	nodeRunID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)
 )
 
-// nodeSetup builds the node image (or finds it) and the static binaries
-// the agent uploads, once per test binary.
+// nodeSetup finds (or builds) the node image and builds the static
+// binaries the agent uploads, once per test binary.
 func nodeSetup(t *testing.T) *provision.DockerClient {
 	t.Helper()
-	cli, err := provision.NewDockerClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	nodeOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		if nodeImage, nodeErr = nodeimage.Ensure(ctx, cli, nodeimage.Options{}); nodeErr != nil {
+	cli, tag := nodetest.Setup(t)
+	nodeImage = tag
+	binsOnce.Do(func() {
+		if nodeDir, binsErr = os.MkdirTemp("", "infermesh-node-bins-"); binsErr != nil {
 			return
 		}
-		if nodeDir, nodeErr = os.MkdirTemp("", "infermesh-node-bins-"); nodeErr != nil {
-			return
-		}
-		nodeBins, nodeErr = testbin.Build(nodeDir, "./cmd/infermeshd", "./cmd/infermesh-demo")
+		nodeBins, binsErr = testbin.Build(nodeDir, "./cmd/infermeshd", "./cmd/infermesh-demo")
 	})
-	if nodeErr != nil {
-		t.Fatalf("node test setup: %v", nodeErr)
+	if binsErr != nil {
+		t.Fatalf("node test binaries: %v", binsErr)
 	}
 	return cli
 }
@@ -107,7 +98,7 @@ func newNodeEnv(t *testing.T) *nodeEnv {
 			t.Errorf("remove network %s: %v", e.network, err)
 		}
 	})
-	t.Cleanup(e.removeContainers)
+	nodetest.RemoveSiteAtCleanup(t, cli, e.site)
 	info, err := cli.NetworkInspect(ctx, resp.ID, network.InspectOptions{})
 	if err != nil || len(info.IPAM.Config) == 0 || info.IPAM.Config[0].Gateway == "" {
 		t.Fatalf("network %s: no gateway (%v)", e.network, err)
@@ -123,24 +114,8 @@ func newNodeEnv(t *testing.T) *nodeEnv {
 	return e
 }
 
-// removeContainers force-removes every container of the test's site (node
-// containers and existing-host stand-ins alike).
-func (e *nodeEnv) removeContainers() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, c := range e.containers(ctx) {
-		if err := e.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			e.t.Errorf("remove %s: %v", c.ID, err)
-		}
-	}
-}
-
-func (e *nodeEnv) containers(ctx context.Context) []container.Summary {
-	list, err := e.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", provision.LabelSite+"="+e.site))})
-	if err != nil {
-		e.t.Errorf("list containers: %v", err)
-	}
-	return list
+func (e *nodeEnv) containers(context.Context) []container.Summary {
+	return nodetest.SiteContainers(e.t, e.cli, e.site)
 }
 
 func freeTCP(t *testing.T, ip string) int {

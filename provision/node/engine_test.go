@@ -14,10 +14,10 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/infermesh/infermesh/internal/nodeimage"
+	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
 	"github.com/infermesh/infermesh/provision"
 )
 
@@ -25,28 +25,15 @@ import (
 // PID 1 and a real OpenSSH sshd (internal/nodeimage).
 
 var (
-	imageOnce sync.Once
-	imageTag  string
-	imageErr  error
-	runTag    = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
-	siteN     atomic.Int32
+	imageTag string
+	runTag   = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
+	siteN    atomic.Int32
 )
 
 func engine(t *testing.T) *provision.DockerClient {
 	t.Helper()
-	cli, err := provision.NewDockerClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	imageOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		imageTag, imageErr = nodeimage.Ensure(ctx, cli, nodeimage.Options{})
-	})
-	if imageErr != nil {
-		t.Fatalf("node image: %v", imageErr)
-	}
+	cli, tag := nodetest.Setup(t)
+	imageTag = tag
 	return cli
 }
 
@@ -55,20 +42,7 @@ func engine(t *testing.T) *provision.DockerClient {
 func testSite(t *testing.T, cli *provision.DockerClient) string {
 	t.Helper()
 	site := fmt.Sprintf("nt%s-%d", runTag, siteN.Add(1))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", provision.LabelSite+"="+site))})
-		if err != nil {
-			t.Errorf("cleanup: %v", err)
-			return
-		}
-		for _, c := range list {
-			if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-				t.Errorf("cleanup %s: %v", c.ID, err)
-			}
-		}
-	})
+	nodetest.RemoveSiteAtCleanup(t, cli, site)
 	return site
 }
 
