@@ -20,7 +20,7 @@ run: build
 node-image:
 	$(GO) run ./internal/nodeimage/cmd/node-image
 
-## test: every test, with the race detector (Docker and sshd tests included)
+## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
 

@@ -1,6 +1,3 @@
-// Package agent wires infermeshd together: configuration, the placement
-// table, the loopback proxy, the mesh, provisioning, the admin socket and the
-// state store, and owns their lifecycle.
 package agent
 
 import (
@@ -20,7 +17,6 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
@@ -34,11 +30,10 @@ var Version = "dev"
 type Options struct {
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
-	// Dev runs the built-in demo model in-process as the upstream of every
-	// role that has neither upstream nor instance.
-	Dev bool
-	// DemoTokenDelay paces the demo model's streamed tokens.
-	DemoTokenDelay time.Duration
+	// DevModel, when set, is dev mode: Run starts it and it serves every
+	// role that has neither upstream nor instance. cmd/infermeshd passes the
+	// built-in demo model, so the agent itself does not link it.
+	DevModel DevModel
 	// Notify receives readiness and status lines (sd_notify). Nil: none.
 	Notify func(state string)
 	// OnAdminReady is called with the admin socket path once it answers.
@@ -56,6 +51,11 @@ type Options struct {
 	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
 	NodeTuning func(*NodeOptions)
 }
+
+// DevModel starts an in-process model server for dev mode, serving model
+// on loopback. It returns the server's base URL and stop, which shuts it
+// down and waits for it.
+type DevModel func(model string) (base string, stop func(), err error)
 
 // Agent is one running infermeshd.
 type Agent struct {
@@ -255,8 +255,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	for name, r := range a.cfg.Roles {
 		upstreams[name] = r.Upstream
 	}
-	if a.opts.Dev {
-		base, stop, err := a.startDemo()
+	if a.opts.DevModel != nil {
+		base, stop, err := a.startDevModel()
 		if err != nil {
 			return err
 		}
@@ -445,41 +445,20 @@ func moveChanges(applied, restart []string, now func(string) bool) ([]string, []
 	return applied, kept
 }
 
-// startDemo serves the built-in demo model on an ephemeral loopback port.
-func (a *Agent) startDemo() (base string, stop func(), err error) {
+// startDevModel starts the dev model, named after the first role (in name
+// order) that names a model, else "demo".
+func (a *Agent) startDevModel() (base string, stop func(), err error) {
 	model := "demo"
-	for _, r := range a.cfg.Roles {
-		if r.Model != "" {
-			model = r.Model
+	for _, name := range sortedKeys(a.cfg.Roles) {
+		if m := a.cfg.Roles[name].Model; m != "" {
+			model = m
 			break
 		}
 	}
-	dcfg := demomodel.DefaultConfig()
-	dcfg.Model = model
-	dcfg.TokenDelay = a.opts.DemoTokenDelay
-	dcfg.Logger = a.log.Named("demo")
-	srv, err := demomodel.New(dcfg)
+	base, stop, err = a.opts.DevModel(model)
 	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
+		return "", nil, fmt.Errorf("dev model: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, fmt.Errorf("demo model: %w", err)
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = hs.Serve(ln)
-	}()
-	base = "http://" + ln.Addr().String()
-	a.log.Info("demo model serving", zap.String("addr", base), zap.String("model", model))
-	return base, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if hs.Shutdown(ctx) != nil {
-			_ = hs.Close()
-		}
-		<-done
-	}, nil
+	a.log.Info("dev model serving", zap.String("addr", base), zap.String("model", model))
+	return base, stop, nil
 }

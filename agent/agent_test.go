@@ -49,7 +49,8 @@ func runAgent(t *testing.T, cfg *Config, opts Options) *Agent {
 	return a
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitFor polls cond every 10ms until it holds, failing t after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -58,6 +59,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// demoDevModel is dev mode's model as cmd/infermeshd wires it: the
+// built-in demo model.
+func demoDevModel(model string) (string, func(), error) {
+	cfg := demomodel.DefaultConfig()
+	cfg.Model = model
+	return demomodel.ServeLoopback(cfg)
 }
 
 func TestDevModeStreamsChat(t *testing.T) {
@@ -70,7 +79,7 @@ func TestDevModeStreamsChat(t *testing.T) {
 	cfg.Roles["chat"] = r
 	var mu sync.Mutex
 	var notes []string
-	a := runAgent(t, cfg, Options{Dev: true, Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
+	a := runAgent(t, cfg, Options{DevModel: demoDevModel, Notify: func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }})
 	addr, _ := a.RoleAddr("chat")
 	waitFor(t, "the demo instance to register", func() bool { return len(a.Table().Resolve("chat")) == 1 })
 	resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",
@@ -86,9 +95,12 @@ func TestDevModeStreamsChat(t *testing.T) {
 	if !strings.Contains(string(raw), `"model":"chat"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 		t.Errorf("dev stream = %q, want chunks for model chat ending with [DONE]", raw)
 	}
+	// Run tells systemd it is ready once everything is up, which may be
+	// just after the role answers.
+	waitFor(t, "a notification", func() bool { mu.Lock(); defer mu.Unlock(); return len(notes) > 0 })
 	mu.Lock()
 	defer mu.Unlock()
-	if len(notes) == 0 || notes[0] != "READY=1" {
+	if notes[0] != "READY=1" {
 		t.Errorf("notify = %v, want READY=1 first", notes)
 	}
 }

@@ -4,36 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
-	"github.com/infermesh/infermesh/placement"
-	"github.com/infermesh/infermesh/proxy"
 )
-
-// freePort returns a loopback port nobody listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // adminConfigFile writes a config with role chat (and its policy lines) to
 // dir and loads it.
@@ -149,7 +131,7 @@ func (p policyState) String() string {
 
 func TestPolicyOverridesSurviveRestartAndReset(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	aa := startAdminAgent(t, cfg, AdminOptions{})
 	ctx := context.Background()
 
@@ -225,7 +207,7 @@ func TestPolicyOverridesSurviveRestartAndReset(t *testing.T) {
 
 func TestPolicyRefusals(t *testing.T) {
 	dir := t.TempDir()
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{})
+	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1")), AdminOptions{})
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -255,7 +237,7 @@ func TestPolicyRefusals(t *testing.T) {
 
 func TestReloadAppliesPolicyKeepsOverrides(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	cfg := adminConfigFile(t, dir, basePolicy, port)
 	var hooked []string
 	aa := startAdminAgent(t, cfg, AdminOptions{OnReload: func(old, new *Config, res *admin.ReloadResult) error {
@@ -384,7 +366,7 @@ func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
+	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))
 	m := newFakeMesh()
 	aa := startAdminAgent(t, cfg, AdminOptions{Mesh: m})
 	ctx := context.Background()
@@ -437,36 +419,9 @@ func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	}
 }
 
-func TestKeyringThroughTheBackend(t *testing.T) {
-	k1, _ := identity.NewGossipKey()
-	k2, _ := identity.NewGossipKey()
-	dir := t.TempDir()
-	m := newFakeMesh(k1)
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{Mesh: m})
-	ctx := context.Background()
-	kr, err := aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringInstall, Key: k2})
-	if err != nil || len(kr.Keys) != 2 || kr.Members != 3 {
-		t.Fatalf("install = %+v, %v", kr, err)
-	}
-	if _, err := aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringRemove, Key: k1}); !errors.Is(err, admin.ErrConflict) {
-		t.Errorf("removing the primary = %v, want ErrConflict", err)
-	}
-	if _, err := aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringUse, Key: "not a key"}); !errors.Is(err, admin.ErrInvalid) {
-		t.Errorf("use of garbage = %v, want ErrInvalid", err)
-	}
-	// Rotate: use the new key (by fingerprint), remove the old.
-	if _, err := aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringUse, Key: kr.Keys[1].Fingerprint}); err != nil {
-		t.Fatal(err)
-	}
-	kr, err = aa.client.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringRemove, Key: k1})
-	if err != nil || len(kr.Keys) != 1 || kr.Keys[0].Key != k2 || !kr.Keys[0].Primary {
-		t.Errorf("after rotation = %+v, %v; want only %s, primary", kr, err, k2)
-	}
-}
-
 func TestNoMeshAnswersClearly(t *testing.T) {
 	dir := t.TempDir()
-	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, freePort(t)), AdminOptions{})
+	aa := startAdminAgent(t, adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1")), AdminOptions{})
 	ctx := context.Background()
 	if _, err := aa.client.Keyring(ctx); !errors.Is(err, admin.ErrNotConfigured) || !strings.Contains(err.Error(), "mesh") {
 		t.Errorf("Keyring() without a mesh = %v, want ErrNotConfigured about the mesh", err)
@@ -481,204 +436,5 @@ func TestNoMeshAnswersClearly(t *testing.T) {
 	peers, err := aa.client.Peers(ctx)
 	if err != nil || len(peers) != 1 || peers[0].Name != "a" {
 		t.Errorf("Peers() without a mesh = %+v, %v; want this node only", peers, err)
-	}
-}
-
-func TestSecondAgentRefused(t *testing.T) {
-	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	first := startAdminAgent(t, cfg, AdminOptions{})
-
-	runOnce := func(cfg *Config, opts Options) error {
-		a, err := New(cfg, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return a.Run(ctx)
-	}
-	// A second agent on the same config refuses to start: a live agent
-	// answers on the socket.
-	if err := runOnce(cfg, Options{}); !errors.Is(err, admin.ErrInUse) {
-		t.Fatalf("a second agent on a live socket: Run = %v, want ErrInUse", err)
-	}
-	if _, err := first.client.Status(context.Background()); err != nil {
-		t.Errorf("the first agent stopped answering: %v", err)
-	}
-	// Another socket but the same state dir: the store is locked.
-	other := *cfg
-	other.Admin.Socket = filepath.Join(dir, "other.sock")
-	err := runOnce(&other, Options{AdminTuning: func(o *AdminOptions) { o.StoreLockTimeout = 50 * time.Millisecond }})
-	if !errors.Is(err, store.ErrLocked) {
-		t.Fatalf("a second agent on the same state dir: Run = %v, want store.ErrLocked", err)
-	}
-	if _, err := os.Stat(other.Admin.Socket); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the refused agent left its socket behind: %v", err)
-	}
-}
-
-// TestStaleSocketReplacedAtStart: a socket file left by a crashed agent
-// does not stop the next one.
-func TestStaleSocketReplacedAtStart(t *testing.T) {
-	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Admin.Socket, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	_ = ln.Close()
-	aa := startAdminAgent(t, cfg, AdminOptions{})
-	if _, err := aa.client.Status(context.Background()); err != nil {
-		t.Errorf("Status over the replaced socket: %v", err)
-	}
-}
-
-func TestEventsAndMetricsOnTheSocket(t *testing.T) {
-	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	cfg.Admin.Metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	m, err := metrics.New(metrics.Config{Version: Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	aa := startAdminAgent(t, cfg, AdminOptions{Metrics: m, Mesh: newFakeMesh()})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	events := make(chan admin.Event, 64)
-	done := make(chan error, 1)
-	go func() {
-		done <- aa.client.Events(ctx, func(e admin.Event) error { events <- e; return nil })
-	}()
-	if _, err := aa.client.SetPolicy(context.Background(), admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: "chat", Node: "z", On: true}); err != nil {
-		t.Fatal(err)
-	}
-	var kinds []string
-	deadline := time.After(10 * time.Second)
-	for !slices.Contains(kinds, AuditAdminPolicy) {
-		select {
-		case e := <-events:
-			kinds = append(kinds, e.Kind)
-		case <-deadline:
-			t.Fatalf("no %s event; got %v", AuditAdminPolicy, kinds)
-		}
-	}
-	if !slices.Contains(kinds, "infer.remote.allow") {
-		t.Errorf("events %v lack the placement change infer.remote.allow", kinds)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Events after cancel = %v, want nil", err)
-	}
-
-	// A refused advert (this table has no admission: no mesh) is counted.
-	_ = aa.a.Table().IngestAdvertisement("b", placement.Advert{Name: "infer.chat", Node: "b"})
-	wantRefusal := `infermesh_refusals_total{reason="no mesh (no admission configured)"} 1`
-	var text string
-	waitFor(t, "the refusal counted", func() bool {
-		var err error
-		text, err = aa.client.Metrics(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(text, wantRefusal)
-	})
-	for _, want := range []string{"infermesh_build_info", `infermesh_peers{state="admitted"} 1`, `infermesh_mesh_refusals_total{reason="bad_signature"} 2`} {
-		if !strings.Contains(text, want) {
-			t.Errorf("/metrics on the socket lacks %q", want)
-		}
-	}
-	addr, ok := aa.ad.MetricsAddr()
-	if !ok {
-		t.Fatal("no metrics listener")
-	}
-	resp, err := http.Get("http://" + addr.String() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "infermesh_build_info") {
-		t.Errorf("GET /metrics on %s = %d", addr, resp.StatusCode)
-	}
-}
-
-func TestRefusalReason(t *testing.T) {
-	tests := []struct {
-		e      Event
-		reason string
-		ok     bool
-	}{
-		{Event{Kind: placement.AuditPeerRefused, Fields: map[string]string{"why": "peer not on the role's serve list"}}, "peer not on the role's serve list", true},
-		{Event{Kind: AuditAdminRefused, Fields: map[string]string{"why": "uid 1000 may only read"}}, "admin_forbidden", true},
-		{Event{Kind: mesh.AuditNodeRefused, Fields: map[string]string{"why": "unadmitted_node"}}, "", false},
-		{Event{Kind: placement.AuditRemoteAllow}, "", false},
-		{Event{Kind: "x.refused"}, "x.refused", true},
-	}
-	for _, tt := range tests {
-		if got, ok := refusalReason(tt.e); got != tt.reason || ok != tt.ok {
-			t.Errorf("refusalReason(%s) = %q, %v; want %q, %v", tt.e.Kind, got, ok, tt.reason, tt.ok)
-		}
-	}
-}
-
-type admitAll struct{}
-
-func (admitAll) IsAdmitted(string) bool { return true }
-func (admitAll) MayServe(string) bool   { return true }
-
-// TestRouteFollowsThePeerScorer: route ranks candidates as the proxy tries
-// them, with a cooled-down peer last and a note saying why.
-func TestRouteFollowsThePeerScorer(t *testing.T) {
-	dir := t.TempDir()
-	cfg := adminConfigFile(t, dir, basePolicy, freePort(t))
-	a, err := New(cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A table whose peers are admitted, and the proxy's scorer over it, as
-	// Run builds them with a mesh.
-	if a.table, err = placement.New(placement.Config{NodeID: "a", Admission: admitAll{}}); err != nil {
-		t.Fatal(err)
-	}
-	if a.scorer, err = proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{Cooldown: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(filepath.Join(dir, store.FileName), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b, err := NewBackend(a, st, AdminOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for node, load := range map[string]uint32{"b": 0, "c": 5} {
-		if err := a.table.IngestAdvertisement(node, placement.Advert{Name: "infer.chat", Node: node, Load: load}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ranks := func() string {
-		rt, err := b.Route(context.Background(), "chat")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, d := range rt.Decisions {
-			out = append(out, fmt.Sprintf("%s:%d:%s", d.Node, d.Rank, strings.Join(d.Notes, ",")))
-		}
-		return rt.Serving + " " + strings.Join(out, " ")
-	}
-	if got, want := ranks(), "b b:0: c:1: a:-1:"; got != want {
-		t.Errorf("route before failures = %q, want %q", got, want)
-	}
-	for range 3 {
-		a.scorer.Observe("b", false)
-	}
-	got := ranks()
-	if !strings.HasPrefix(got, "c c:0: b:1:cooled down until ") || !strings.Contains(got, "after 3 failure(s): tried last a:-1:") {
-		t.Errorf("route with b cooled down = %q, want c first and b last with a note", got)
 	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -293,12 +294,8 @@ func (c *Config) Validate() error {
 	if err := validNodeName(c.Node.Name); err != nil {
 		return fieldErr("node.name", "%v", err)
 	}
-	if c.Node.StateDir == "" {
-		c.Node.StateDir = DefaultStateDir
-	}
-	if c.Site == "" {
-		c.Site = DefaultSite
-	}
+	c.Node.StateDir = cmp.Or(c.Node.StateDir, DefaultStateDir)
+	c.Site = cmp.Or(c.Site, DefaultSite)
 	if err := validNodeName(c.Site); err != nil {
 		return fieldErr("site", "%v", err)
 	}
@@ -323,9 +320,7 @@ func (c *Config) Validate() error {
 	if _, err := c.MeshTrust(); err != nil { // every key must parse, named by field
 		return err
 	}
-	if c.Admin.Socket == "" {
-		c.Admin.Socket = DefaultAdminSocket
-	}
+	c.Admin.Socket = cmp.Or(c.Admin.Socket, DefaultAdminSocket)
 	if c.Admin.Metrics != "" && !loopbackHostPort(c.Admin.Metrics) {
 		return fieldErr("admin.metrics", "%q is not a loopback host:port", c.Admin.Metrics)
 	}
@@ -383,27 +378,19 @@ func (c *Config) Validate() error {
 }
 
 func (m *MeshConfig) validate() error {
-	if m.Cluster == "" {
-		m.Cluster = DefaultCluster
-	}
+	m.Cluster = cmp.Or(m.Cluster, DefaultCluster)
 	if err := validNodeName(m.Cluster); err != nil {
 		return fieldErr("mesh.cluster", "%v", err)
 	}
-	if m.GossipKeyring == "" {
-		m.GossipKeyring = DefaultKeyring
-	}
+	m.GossipKeyring = cmp.Or(m.GossipKeyring, DefaultKeyring)
 	if m.AdvertTTL < 0 {
 		return fieldErr("mesh.advert_ttl", "%v is negative", m.AdvertTTL)
 	}
-	if m.AdvertTTL == 0 {
-		m.AdvertTTL = placement.DefaultAdvertTTL
-	}
+	m.AdvertTTL = cmp.Or(m.AdvertTTL, placement.DefaultAdvertTTL)
 	if m.MaxStreamsPerPeer < 0 {
 		return fieldErr("mesh.max_streams_per_peer", "%d is negative", m.MaxStreamsPerPeer)
 	}
-	if m.MaxStreamsPerPeer == 0 {
-		m.MaxStreamsPerPeer = mesh.DefaultMaxStreamsPerPeer
-	}
+	m.MaxStreamsPerPeer = cmp.Or(m.MaxStreamsPerPeer, mesh.DefaultMaxStreamsPerPeer)
 	for name, v := range map[string]string{"mesh.bind": m.Bind, "mesh.advertise": m.Advertise, "mesh.quic": m.QUIC, "mesh.quic_advertise": m.QUICAdvertise} {
 		if v == "" {
 			continue
@@ -470,20 +457,19 @@ func (p *ProxyConfig) validate() error {
 	if p.MaxBodyBytes < 0 {
 		return fieldErr("proxy.max_body_bytes", "%d is negative", p.MaxBodyBytes)
 	}
-	for name, d := range map[string]time.Duration{
-		"proxy.connect_timeout": p.ConnectTimeout, "proxy.upstream_timeout": p.UpstreamTimeout,
-		"proxy.shutdown_timeout": p.ShutdownTimeout, "proxy.health_interval": p.HealthInterval,
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"proxy.connect_timeout", p.ConnectTimeout}, {"proxy.upstream_timeout", p.UpstreamTimeout},
+		{"proxy.shutdown_timeout", p.ShutdownTimeout}, {"proxy.health_interval", p.HealthInterval},
 	} {
-		if d < 0 {
-			return fieldErr(name, "%v is negative", d)
+		if f.d < 0 {
+			return fieldErr(f.name, "%v is negative", f.d)
 		}
 	}
-	if p.ShutdownTimeout == 0 {
-		p.ShutdownTimeout = defaultShutdown
-	}
-	if p.HealthInterval == 0 {
-		p.HealthInterval = defaultHealthPeriod
-	}
+	p.ShutdownTimeout = cmp.Or(p.ShutdownTimeout, defaultShutdown)
+	p.HealthInterval = cmp.Or(p.HealthInterval, defaultHealthPeriod)
 	return nil
 }
 
@@ -501,9 +487,7 @@ func (in *InstanceConfig) validate(f string) error {
 	if in.Port < 1 || in.Port > 65535 {
 		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)
 	}
-	if in.Health == "" {
-		in.Health = "/health"
-	}
+	in.Health = cmp.Or(in.Health, "/health")
 	if !strings.HasPrefix(in.Health, "/") {
 		return fieldErr(f+".health", "%q must be a path starting with /", in.Health)
 	}
@@ -519,9 +503,7 @@ func (in *InstanceConfig) validate(f string) error {
 	if in.Restart.Max < 0 {
 		return fieldErr(f+".restart.max", "%d is negative", in.Restart.Max)
 	}
-	if in.Restart.Max == 0 {
-		in.Restart.Max = 5
-	}
+	in.Restart.Max = cmp.Or(in.Restart.Max, 5)
 	if in.Restart.Window <= 0 {
 		in.Restart.Window = 10 * time.Minute
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/provision/node"
 )
 
@@ -93,7 +94,7 @@ mesh: {bind: "%s:%d", quic: "%s:%d"}
 trust: %s
 roles:
   chat: {port: 1}
-`, dir, filepath.Join(dir, "admin.sock"), ip, freeTCPUDPPort(t, ip), ip, freeTCPUDPPort(t, ip), trust)))
+`, dir, filepath.Join(dir, "admin.sock"), ip, testnet.TCPUDPPort(t, ip), ip, testnet.TCPUDPPort(t, ip), trust)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
@@ -145,32 +146,11 @@ func newTestMesh(t testing.TB, names ...string) *testMesh {
 			t.Fatal(err)
 		}
 		n.pub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
-		n.bind = net.JoinHostPort(ip, fmt.Sprint(freeTCPUDPPort(t, ip)))
+		n.bind = net.JoinHostPort(ip, fmt.Sprint(testnet.TCPUDPPort(t, ip)))
 		tm.nodes[name] = n
 		tm.order = append(tm.order, name)
 	}
 	return tm
-}
-
-// freeTCPUDPPort finds a port free for both TCP and UDP on ip (memberlist
-// binds both).
-func freeTCPUDPPort(t testing.TB, ip string) int {
-	t.Helper()
-	for range 20 {
-		ln, err := net.Listen("tcp", ip+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ip, port))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 // start writes name's config file, loads it and runs the agent. ownSocket
@@ -262,7 +242,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- a.Run(ctx) }()
 	t.Cleanup(func() { tm.stop(name) })
-	eventuallyTB(t, name+" listening", func() bool {
+	waitFor(t, name+" listening", func() bool {
 		for role := range roles {
 			if _, ok := a.RoleAddr(role); !ok {
 				return false
@@ -294,18 +274,6 @@ func (tm *testMesh) kill(name string) {
 		tm.t.Fatalf("%s: the test does not own its socket", name)
 	}
 	n.pc.Close()
-}
-
-// eventuallyTB is waitFor for tests and benchmarks.
-func eventuallyTB(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (n *meshNode) url(role string) string {

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -149,33 +150,19 @@ func DefaultConfig() Config {
 // withDefaults fills zero fields and validates; errors name the field.
 func (c Config) withDefaults() (Config, error) {
 	d := DefaultConfig()
-	setStr := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	setDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setStr(&c.NodeName, d.NodeName)
-	setStr(&c.Cluster, d.Cluster)
-	setStr(&c.BindAddr, d.BindAddr)
-	setDur(&c.AdvertTTL, d.AdvertTTL)
-	setDur(&c.GossipInterval, d.GossipInterval)
-	setDur(&c.ProbeInterval, d.ProbeInterval)
-	setDur(&c.ProbeTimeout, d.ProbeTimeout)
-	setDur(&c.PushPullInterval, d.PushPullInterval)
-	setDur(&c.TCPTimeout, d.TCPTimeout)
-	setDur(&c.JoinBackoff, d.JoinBackoff)
-	setDur(&c.JoinMaxBackoff, d.JoinMaxBackoff)
-	if c.SuspicionMult == 0 {
-		c.SuspicionMult = d.SuspicionMult
-	}
-	if c.RetransmitMult == 0 {
-		c.RetransmitMult = d.RetransmitMult
-	}
+	c.NodeName = cmp.Or(c.NodeName, d.NodeName)
+	c.Cluster = cmp.Or(c.Cluster, d.Cluster)
+	c.BindAddr = cmp.Or(c.BindAddr, d.BindAddr)
+	c.AdvertTTL = cmp.Or(c.AdvertTTL, d.AdvertTTL)
+	c.GossipInterval = cmp.Or(c.GossipInterval, d.GossipInterval)
+	c.ProbeInterval = cmp.Or(c.ProbeInterval, d.ProbeInterval)
+	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, d.ProbeTimeout)
+	c.PushPullInterval = cmp.Or(c.PushPullInterval, d.PushPullInterval)
+	c.TCPTimeout = cmp.Or(c.TCPTimeout, d.TCPTimeout)
+	c.JoinBackoff = cmp.Or(c.JoinBackoff, d.JoinBackoff)
+	c.JoinMaxBackoff = cmp.Or(c.JoinMaxBackoff, d.JoinMaxBackoff)
+	c.SuspicionMult = cmp.Or(c.SuspicionMult, d.SuspicionMult)
+	c.RetransmitMult = cmp.Or(c.RetransmitMult, d.RetransmitMult)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -189,8 +176,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StateDir == "" {
 		return c, errors.New("StateDir: required")
 	}
-	setStr(&c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
-	setStr(&c.KeyringPath, DefaultKeyringFile)
+	c.KeyFile = cmp.Or(c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
+	c.KeyringPath = cmp.Or(c.KeyringPath, DefaultKeyringFile)
 	if !filepath.IsAbs(c.KeyringPath) {
 		c.KeyringPath = filepath.Join(c.StateDir, c.KeyringPath)
 	}
@@ -213,14 +200,13 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("QUICAddr: %w", err)
 		}
 	}
-	for name, d := range map[string]time.Duration{
-		"AdvertTTL": c.AdvertTTL, "GossipInterval": c.GossipInterval, "ProbeInterval": c.ProbeInterval,
-		"ProbeTimeout": c.ProbeTimeout, "PushPullInterval": c.PushPullInterval, "TCPTimeout": c.TCPTimeout,
-		"JoinBackoff": c.JoinBackoff, "JoinMaxBackoff": c.JoinMaxBackoff,
-	} {
-		if d < 0 {
-			return c, fmt.Errorf("%s: negative duration %v", name, d)
-		}
+	if err := nonNegative(
+		namedDuration{"AdvertTTL", c.AdvertTTL}, namedDuration{"GossipInterval", c.GossipInterval},
+		namedDuration{"ProbeInterval", c.ProbeInterval}, namedDuration{"ProbeTimeout", c.ProbeTimeout},
+		namedDuration{"PushPullInterval", c.PushPullInterval}, namedDuration{"TCPTimeout", c.TCPTimeout},
+		namedDuration{"JoinBackoff", c.JoinBackoff}, namedDuration{"JoinMaxBackoff", c.JoinMaxBackoff},
+	); err != nil {
+		return c, err
 	}
 	if c.SuspicionMult < 0 {
 		return c, fmt.Errorf("SuspicionMult: negative")
@@ -232,6 +218,23 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("GossipInterval: %v is longer than AdvertTTL/3 (%v)", c.GossipInterval, c.AdvertTTL/3)
 	}
 	return c, nil
+}
+
+// namedDuration is a duration field of a config, by name.
+type namedDuration struct {
+	name string
+	d    time.Duration
+}
+
+// nonNegative names the first of ds that is negative. Defaults fill only
+// zero fields, so it may run before or after them.
+func nonNegative(ds ...namedDuration) error {
+	for _, f := range ds {
+		if f.d < 0 {
+			return fmt.Errorf("%s: negative duration %v", f.name, f.d)
+		}
+	}
+	return nil
 }
 
 func splitHostPort(s string) (string, int, error) {

@@ -1,8 +1,3 @@
-// Package mesh is a node's membership in the infermesh cluster: who is
-// admitted (static trust, admission certificates, revocation), memberlist
-// gossip encrypted with a rotatable keyring, and the signed infer.<role>
-// adverts that feed the placement table. Node keys, certificates and gossip
-// keys themselves are package identity's.
 package mesh
 
 import (
@@ -212,6 +207,10 @@ func (m *Mesh) Name() string { return m.name }
 
 // PublicKey is this node's identity key.
 func (m *Mesh) PublicKey() ed25519.PublicKey { return m.pub }
+
+// NodeKey is this node's private identity key, for the QUIC transport's
+// certificate (TransportConfig.Key). Never log or send it.
+func (m *Mesh) NodeKey() ed25519.PrivateKey { return m.priv }
 
 // GossipAddr is the gossip address other nodes join, host:port (with the
 // port memberlist actually bound when BindAddr had port 0).

@@ -206,21 +206,7 @@ func has(m map[string]map[string]struct{}, role, node string) bool {
 // change is audited (AuditRemoteAllow) and bumps the generation; revoking
 // takes effect on the next Resolve.
 func (t *Table) AllowRemoteNode(role, node string, on bool) {
-	if !t.policyArgsOK("allow_remote_node", role, node) {
-		return
-	}
-	t.mu.Lock()
-	changed := setMember(t.allow, role, node, on)
-	if changed {
-		t.bumpLocked()
-	}
-	t.mu.Unlock()
-	if changed {
-		t.emit([]AuditEvent{{
-			Kind: AuditRemoteAllow, Role: role, Node: node,
-			Fields: map[string]string{"allowed": strconv.FormatBool(on), "consumer": t.nodeID},
-		}})
-	}
+	t.setAllowlist("allow_remote_node", t.allow, AuditRemoteAllow, "consumer", role, node, on)
 }
 
 // AllowMeshPeer allows (on) or stops allowing peer to use this node's local
@@ -228,19 +214,27 @@ func (t *Table) AllowRemoteNode(role, node string, on bool) {
 // Exposure (ExposeToMesh) says the role may leave loopback at all; this says
 // to whom. A real change is audited (AuditMeshAllow) and bumps the generation.
 func (t *Table) AllowMeshPeer(role, peer string, on bool) {
-	if !t.policyArgsOK("allow_mesh_peer", role, peer) {
+	t.setAllowlist("allow_mesh_peer", t.serve, AuditMeshAllow, "server", role, peer, on)
+}
+
+// setAllowlist puts node on (or takes it off) one of the two allowlists,
+// list (role -> node set, guarded by t.mu). A real change bumps the
+// generation and is audited as kind, with this node named as side (the
+// consumer or the server).
+func (t *Table) setAllowlist(op string, list map[string]map[string]struct{}, kind, side, role, node string, on bool) {
+	if !t.policyArgsOK(op, role, node) {
 		return
 	}
 	t.mu.Lock()
-	changed := setMember(t.serve, role, peer, on)
+	changed := setMember(list, role, node, on)
 	if changed {
 		t.bumpLocked()
 	}
 	t.mu.Unlock()
 	if changed {
 		t.emit([]AuditEvent{{
-			Kind: AuditMeshAllow, Role: role, Node: peer,
-			Fields: map[string]string{"allowed": strconv.FormatBool(on), "server": t.nodeID},
+			Kind: kind, Role: role, Node: node,
+			Fields: map[string]string{"allowed": strconv.FormatBool(on), side: t.nodeID},
 		}})
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/infermesh/infermesh/mesh/meshbench"
 )
 
-// The bare HTTP/3 exchange answers, and Close stops every goroutine
-// (TestMain's goleak check).
-func TestBareH3(t *testing.T) {
-	h, err := newBareH3()
+// A repetition of the bare HTTP/3 exchange records its latencies, and
+// Close stops every goroutine (TestMain's goleak check).
+func TestH3LatencyRep(t *testing.T) {
+	h, err := meshbench.NewBareH3()
 	if err != nil {
 		t.Fatal(err)
 	}

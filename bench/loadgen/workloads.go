@@ -263,11 +263,11 @@ func (b *bench) runAll(ctx context.Context) {
 // startH3 starts and warms the bare HTTP/3 exchange when a remote-path
 // contender (infermesh-quic) is measured; nil otherwise or on failure
 // (recorded in h3Err).
-func (b *bench) startH3(ctx context.Context) *bareH3 {
+func (b *bench) startH3(ctx context.Context) *meshbench.BareH3 {
 	if !b.p.BareH3 || !slices.ContainsFunc(b.live(), func(ci int) bool { return b.cs[ci].Name == quicName }) {
 		return nil
 	}
-	h, err := newBareH3()
+	h, err := meshbench.NewBareH3()
 	if err != nil {
 		b.h3Err = err.Error()
 		return nil

@@ -3,13 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/testnet"
 )
 
 // TestOneFingerprintPerGossipKey: for one gossip key, the CLI (through the
@@ -38,7 +38,7 @@ admin: {socket: %s}
 mesh: {bind: "127.0.0.1:0", quic: "127.0.0.1:%d"}
 roles:
   chat: {port: %d}
-`, state, sock, freeUDPPort(t), freeTCPPort(t))
+`, state, sock, testnet.UDPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1"))
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -97,24 +97,4 @@ roles:
 	if got := keyring(); len(got.Keys) != 1 || got.Keys[0].Key != second || !got.Keys[0].Primary {
 		t.Errorf("after use and remove by fingerprint = %+v, want only %s, primary", got.Keys, second)
 	}
-}
-
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func freeUDPPort(t *testing.T) int {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().(*net.UDPAddr).Port
 }

@@ -1,5 +1,7 @@
 // Command infermesh is the operator CLI: offline key tools (keygen,
-// authority) and, over the agent's admin socket, everything else.
+// authority: package identity) and, over the agent's admin socket (package
+// agent/admin's client), everything else. It links neither the mesh nor
+// the agent: a test keeps it so.
 package main
 
 import (

@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
 	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"
@@ -110,38 +110,12 @@ func newNodeEnv(t *testing.T) *nodeEnv {
 		t.Fatal(err)
 	}
 	e.authPub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
-	e.chatPort = freeTCP(t, "127.0.0.1")
+	e.chatPort = testnet.TCPPort(t, "127.0.0.1")
 	return e
 }
 
 func (e *nodeEnv) containers(context.Context) []container.Summary {
 	return nodetest.SiteContainers(e.t, e.cli, e.site)
-}
-
-func freeTCP(t *testing.T, ip string) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// freeTCPUDP finds a port free for TCP and UDP on ip (memberlist binds
-// both; QUIC the UDP one).
-func freeTCPUDP(t *testing.T, ip string) int {
-	t.Helper()
-	for range 20 {
-		port := freeTCP(t, ip)
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ip, port))
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 // writeAgentConfig writes the config of agent name (its state dir, a
@@ -166,7 +140,7 @@ mesh: {bind: "%s:%d", quic: "%s:%d"}
 trust: {authority: "%s"}
 roles:
   chat: {port: %d}
-`, name, state, e.site, socket, e.gateway, freeTCPUDP(t, e.gateway), e.gateway, freeTCPUDP(t, e.gateway), e.authPub, e.chatPort)
+`, name, state, e.site, socket, e.gateway, testnet.TCPUDPPort(t, e.gateway), e.gateway, testnet.TCPUDPPort(t, e.gateway), e.authPub, e.chatPort)
 	cfgPath = filepath.Join(e.dir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent"
 	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/internal/testnet"
 )
 
 // startRealAgent runs a real agent on the config file at path (Run opens
@@ -92,7 +93,7 @@ func rules(rs []admin.Rule) string {
 func TestPolicySurvivesAgentRestart(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	port := freeTCPPort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	cfgPath := filepath.Join(dir, "infermesh.yaml")
 	cfg := fmt.Sprintf(`
 node: {name: a, state_dir: %s}

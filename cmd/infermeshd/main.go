@@ -1,6 +1,9 @@
 // Command infermeshd is the infermesh agent: it serves the loopback
 // OpenAI-compatible proxy, takes part in the mesh, provisions local
-// inference instances and answers the admin socket.
+// inference instances and answers the admin socket. This file is the thin
+// outside of package agent: flags, the config file, logging, signals
+// (SIGINT/SIGTERM cancel Run, SIGHUP reloads), sd_notify, and, for -dev,
+// the built-in demo model as the agent's DevModel.
 package main
 
 import (
@@ -20,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/infermesh/infermesh/agent"
+	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/identity"
 )
 
@@ -83,8 +87,15 @@ func run(args []string) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	opts := agent.Options{Logger: log, Dev: *dev, DemoTokenDelay: *devDelay, Notify: sdNotify}
+	opts := agent.Options{Logger: log, Notify: sdNotify}
 	if *dev {
+		opts.DevModel = func(model string) (string, func(), error) {
+			dcfg := demomodel.DefaultConfig()
+			dcfg.Model = model
+			dcfg.TokenDelay = *devDelay
+			dcfg.Logger = log.Named("demo")
+			return demomodel.ServeLoopback(dcfg)
+		}
 		opts.OnAdminReady = func(socket string) {
 			fmt.Fprintf(os.Stderr, "\nadmin socket: %s\n  export INFERMESH_SOCKET=%s\n", socket, socket)
 		}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infermesh/infermesh/internal/testnet"
 )
 
 var bin string
@@ -34,16 +36,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // TestDevModeServesAndStopsCleanly is `make run`: the dev agent prints a
 // curl line, streams a chat completion ending in [DONE], tells systemd it is
 // ready, and exits 0 on SIGTERM.
@@ -55,7 +47,7 @@ func TestDevModeServesAndStopsCleanly(t *testing.T) {
 	}
 	defer nconn.Close()
 
-	port := freePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	cmd := exec.Command(bin, "-dev", "-dev-port", fmt.Sprint(port), "-dev-token-delay", "1ms")
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notify)
 	stderr, _ := cmd.StderrPipe()
@@ -162,7 +154,7 @@ func TestSIGHUPReloads(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "infermesh.yaml")
 	sock := filepath.Join(dir, "admin.sock")
-	port := freePort(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
 	write := func(expose bool) {
 		c := fmt.Sprintf("node: {name: a, state_dir: %s}\nadmin: {socket: %s}\nlog: {level: info}\nroles:\n  chat: {port: %d, upstream: 'http://127.0.0.1:9', expose: %v}\n", dir, sock, port, expose)
 		if err := os.WriteFile(cfgPath, []byte(c), 0o600); err != nil {

@@ -1,6 +1,13 @@
-// Package meshbench measures mesh convergence with many in-process nodes on
-// loopback: how long an advert takes to reach every node, and how long
-// after a node dies its roles stop resolving everywhere.
+// Package meshbench measures the mesh in-process on loopback, for the
+// benchmarks (bench/loadgen, agent's BenchmarkRemoteHop):
+//
+//   - convergence with many nodes (Measure): how long an advert takes to
+//     reach every node, and how long after a node dies its roles stop
+//     resolving everywhere;
+//   - the bare HTTP/3 exchange between two mesh transports (BareH3), the
+//     floor under the remote hop.
+//
+// It asserts no speed: callers report what it measures.
 package meshbench
 
 import (

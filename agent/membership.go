@@ -15,6 +15,10 @@ import (
 	"github.com/infermesh/infermesh/mesh"
 )
 
+// This file connects the agent to its mesh membership (package mesh): the
+// config's trust section in the mesh's form, and starting, joining, leaving
+// and closing the membership.
+
 // MeshTrust converts the trust section into the mesh's form, naming the
 // field of any key that does not parse.
 func (c *Config) MeshTrust() (mesh.TrustConfig, error) {

@@ -11,6 +11,10 @@ import (
 	"go.etcd.io/bbolt"
 )
 
+// This file connects the config's managed instances to provisioning
+// (package provision): instance specs from roles, and the Docker-backed
+// instance manager over the state store's intents bucket.
+
 // intentsBucket is the state-store bucket of provisioning intents.
 const intentsBucket = "provision.intents"
 

@@ -12,6 +12,10 @@ import (
 	"github.com/infermesh/infermesh/proxy"
 )
 
+// This file connects the proxy to the QUIC transport between agents
+// (mesh.Transport): remote candidates go out through it, ordered by the peer
+// scorer, and peers' requests come in to the proxy's peer handler.
+
 // errNoTransport answers remote attempts before the QUIC transport runs
 // (or after it stopped): the proxy skips to the next candidate.
 var errNoTransport = errors.New("mesh transport not running")

@@ -1,0 +1,13 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/infermesh/infermesh/internal/depstest"
+)
+
+// TestAgentDoesNotLinkTheDemoModel: the production daemon carries no demo
+// model; dev mode gets it from cmd/infermeshd through Options.DevModel.
+func TestAgentDoesNotLinkTheDemoModel(t *testing.T) {
+	depstest.Forbid(t, ".", depstest.Module+"demomodel")
+}

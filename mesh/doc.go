@@ -1,0 +1,74 @@
+// Package mesh is how infermesh agents find, admit and reach one another:
+// gossip membership with admission, signed role adverts, and the QUIC
+// transport that carries requests between agents. It decides who may talk
+// to this node, and says who serves what; it does not decide which roles go
+// to whom (package placement, fed by the adverts) and does not forward
+// requests itself (package proxy sends and serves them through Transport).
+// Node keys, admission certificates and gossip keys are package identity's.
+//
+// # Membership (Mesh)
+//
+// A Mesh is this node's membership over hashicorp/memberlist (Config.BindAddr,
+// UDP and TCP), encrypted with the cluster's gossip keyring (AES-256;
+// rotated live with InstallKey, UseKey and RemoveKey, persisted to the
+// keyring file). Every node publishes node meta signed by its own node key:
+// its public key, its admission certificate if it has one, its QUIC address
+// and the fingerprints of the gossip keys it holds (ListKeys counts them).
+// An alive delegate refuses, before memberlist lists it, a node that is not
+// admitted, belongs to another cluster, or claims a name or key a live node
+// already has. Join retries with backoff; ErrJoinRefused is permanent.
+//
+// # Admission
+//
+// A node is admitted when the trust configuration (TrustConfig) vouches for
+// its (name, key): a static entry, which pins the key for that name, or an
+// admission certificate signed by a cluster authority and not expired.
+// Revocation, by name or key, from the configuration or at run time
+// (Revoke), takes effect at once: IsAdmitted and MayServe re-check on every
+// call, which is how a Mesh serves as placement's Admission, and SetTrust
+// swaps the configuration on reload. Refusals are counted (Refusals) and
+// audited (AuditNodeRefused, AuditAdvertRefused; rate-limited).
+//
+// # Adverts
+//
+// An advert says that its origin serves infer.<role> (or withdraws it),
+// with the model, runtime and load. This node's adverts are its exposed
+// local roles, read from the AdvertSink (the placement table), each signed
+// by the node key with a sequence number that keeps rising across restarts.
+// They travel as memberlist broadcasts and, whole, in push/pull exchanges.
+// A received advert reaches the sink only when it is signed by its origin's
+// key, the origin is admitted with ScopeFull, and its sequence is above the
+// highest seen from that origin (kept for a while after the origin left, so
+// an old advert cannot bring a withdrawn role back); placement then applies
+// this node's allowlist. Freshness counts from when this node received a
+// new sequence, never from the origin's clock.
+//
+// # The QUIC transport (Transport)
+//
+// Agent-to-agent HTTP/3 over QUIC on one UDP socket (mesh.quic in the
+// agent's config): RoundTrip dials peers (the proxy's remote candidates, one
+// connection per peer, reused) and Serve answers them (the proxy's peer
+// handler). Both sides present a self-signed certificate of their node key
+// (NodeCertificate) and pin the other's key to an admitted node through a
+// PeerDirectory: the Mesh, or a StaticDirectory where there is no gossip
+// (benchmarks, tools). The node a connection was verified as is the only
+// identity the serving side trusts (PeerFromRequest). Live connections are
+// re-checked against the directory: revocation or a changed key cuts them;
+// gossip alone saying a peer is gone does not.
+//
+// # Words
+//
+//   - node: a host running an agent, named by its node name; a peer is any
+//     other node, a member one memberlist lists right now.
+//   - admitted: vouched for by the trust configuration right now, and not
+//     revoked. Scope: full (may consume and serve) or consumer (may only
+//     consume: its adverts are never heard).
+//   - origin: the node an advert is about, and the only key that may sign it.
+//   - node meta: what a node says about itself in memberlist, self-signed.
+//   - gossip key: shared by every member, so it proves membership of the
+//     gossip, never a node's identity: that is why node meta and adverts are
+//     signed by node keys, and why only the QUIC transport's pinned keys
+//     decide whether a connection stays open.
+//   - refusal: anything turned away, with a stable reason (the keys of
+//     Refusals and Transport.Refusals, fit for metrics).
+package mesh
