@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -321,7 +322,11 @@ func (m *Manager) joinMissing(rec Record) string {
 }
 
 // List returns every recorded node, sorted by name.
-func (m *Manager) List() ([]Record, error) { return m.cfg.Intents.List() }
+func (m *Manager) List() ([]Record, error) {
+	recs, err := m.cfg.Intents.List()
+	slices.SortFunc(recs, func(a, b Record) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
+	return recs, err
+}
 
 // Busy reports what runs on name now ("" when nothing).
 func (m *Manager) Busy(name string) string {
@@ -388,7 +393,7 @@ func (m *Manager) teardown(ctx context.Context, name string, progress func(Progr
 // is torn down. Converged nodes stay. It returns the nodes torn down and
 // the teardowns that failed (their records stay for `node remove`).
 func (m *Manager) Recover(ctx context.Context) ([]string, error) {
-	recs, err := m.cfg.Intents.List()
+	recs, err := m.List()
 	if err != nil {
 		return nil, err
 	}
