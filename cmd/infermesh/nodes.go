@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
@@ -350,6 +351,8 @@ func (p *nodeProgress) finish(name, op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("node %s: %s interrupted; the agent tears down what it did", name, op)
 	case errors.As(err, &nf):
 		stage := nf.Stage
 		if stage == "" {
