@@ -351,8 +351,10 @@ func (p *nodeProgress) finish(name, op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, context.Canceled) && op == "add":
+		return fmt.Errorf("node %s: add interrupted; the agent tears down what it did", name)
 	case errors.Is(err, context.Canceled):
-		return fmt.Errorf("node %s: %s interrupted; the agent tears down what it did", name, op)
+		return fmt.Errorf("node %s: %s interrupted; the agent finishes it (infermesh node list)", name, op)
 	case errors.As(err, &nf):
 		stage := nf.Stage
 		if stage == "" {

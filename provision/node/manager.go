@@ -337,13 +337,18 @@ func (m *Manager) Busy(name string) string {
 
 // Remove tears a recorded node down: its agent stops with its lease (the
 // container removed, or what the bootstrap installed on the host undone),
-// and its record is deleted. ErrUnknown when there is none.
+// and its record is deleted. ErrUnknown when there is none. It finishes
+// even if ctx ends first (only the manager's Close stops it).
 func (m *Manager) Remove(ctx context.Context, name string, progress func(Progress)) (Record, error) {
 	release, err := m.claim(name, "remove")
 	if err != nil {
 		return Record{}, err
 	}
 	defer release()
+	// A removal runs to its end (or the agent's stop) even when its caller
+	// goes away: half a removal helps nobody.
+	ctx, cancel := m.opCtx(context.WithoutCancel(ctx))
+	defer cancel()
 	return m.teardown(ctx, name, progress)
 }
 
