@@ -53,7 +53,7 @@ func TestNodeAddFailureExitsNonZero(t *testing.T) {
 	}
 	sock := fakeAgent(t, admintest.New())
 	for name, want := range map[string]string{
-		"fail":  "infermesh: node fail: add failed at stage boot_check_failed: node fail: bootstrap failed at boot_check_failed: boot check failed: systemd: the host does not run systemd (exit 1)\n",
+		"fail":  "infermesh: node fail: add failed at stage boot_check_failed: boot check failed: systemd: the host does not run systemd (exit 1)\n",
 		"taken": "infermesh: node taken: add: node exists: node taken is recorded (phase converged); `infermesh node remove taken` first\n",
 	} {
 		_, errOut, code := runCLI(t, "node", "add", name, "--provider", "docker", "--roles", "chat", "--demo", "--authority-key", key, "--socket", sock)

@@ -265,7 +265,6 @@ func (s *Session) writeFile(ctx context.Context, f File) error {
 // stopped, files removed, directories removed with their contents. It
 // touches nothing else. Output lines go to emit (nil: dropped).
 func Uninstall(ctx context.Context, client Client, user string, items []Installed, emit func(Stream, string)) error {
-	s := &Session{client: client, spec: SessionSpec{Endpoint: Endpoint{User: user}}}
 	var errs []error
 	run := func(line string) {
 		var out, errOut func(string)
@@ -273,7 +272,7 @@ func Uninstall(ctx context.Context, client Client, user string, items []Installe
 			out = func(l string) { emit(Stdout, l) }
 			errOut = func(l string) { emit(Stderr, l) }
 		}
-		code, err := client.Run(ctx, RemoteCommand{Line: s.asRoot(line), Stdout: out, Stderr: errOut})
+		code, err := client.Run(ctx, RemoteCommand{Line: asRoot(user, line), Stdout: out, Stderr: errOut})
 		if err == nil && code != 0 {
 			err = fmt.Errorf("exit %d", code)
 		}

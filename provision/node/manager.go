@@ -225,8 +225,16 @@ func (m *Manager) Add(ctx context.Context, spec Spec, plan Plan, progress func(P
 		rec, _ := p.Record()
 		var ne *Error
 		msg, stage := err.Error(), rec.Stage
-		if errors.As(err, &ne) && ne.Stage != "" {
-			stage = ne.Stage
+		if errors.As(err, &ne) {
+			// The event names the node and the stage already: the
+			// message is the reason.
+			msg = ne.Reason
+			if ne.Teardown != nil {
+				msg += " (teardown failed too: " + ne.Teardown.Error() + "; the node is kept for `infermesh node remove`)"
+			}
+			if ne.Stage != "" {
+				stage = ne.Stage
+			}
 		}
 		emit(Progress{Time: time.Now(), Node: spec.Name, Run: spec.Run, Kind: ProgressFailed, Phase: rec.Phase, Stage: stage, Message: msg})
 		return rec, err

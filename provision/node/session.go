@@ -197,9 +197,11 @@ func (s *Session) emitter(stream Stream) func(string) {
 	}
 }
 
+func (s *Session) asRoot(line string) string { return asRoot(s.spec.Endpoint.User, line) }
+
 // asRoot runs line as root: through sudo when the login user is not root.
-func (s *Session) asRoot(line string) string {
-	if s.spec.Endpoint.User == "root" {
+func asRoot(user, line string) string {
+	if user == "root" {
 		return line
 	}
 	return "sudo -n -- sh -c " + shellQuote(line)

@@ -57,7 +57,7 @@ func (f *Fake) AddNode(_ context.Context, by admin.Caller, req admin.NodeAdd, em
 			ev(3, admin.NodeEventStage, "failed", "boot_check_failed", "boot check failed: systemd: the host does not run systemd (exit 1)"),
 			ev(4, admin.NodeEventStage, "destroying", "boot_check_failed", "destroying the lease ssh:root@10.0.0.7:22"),
 			ev(4, admin.NodeEventStage, "destroyed", "boot_check_failed", "lease destroyed"),
-			ev(4, admin.NodeEventFailed, "destroyed", "boot_check_failed", "node fail: bootstrap failed at boot_check_failed: boot check failed: systemd: the host does not run systemd (exit 1)"),
+			ev(4, admin.NodeEventFailed, "destroyed", "boot_check_failed", "boot check failed: systemd: the host does not run systemd (exit 1)"),
 		)
 	} else {
 		evs = append(evs,
