@@ -56,16 +56,40 @@ func (b *Backend) AddNode(ctx context.Context, by admin.Caller, req admin.NodeAd
 	if err != nil {
 		return err
 	}
-	_, err = rt.mgr.Add(ctx, spec, plan, func(p node.Progress) { _ = emit(nodeEvent(p)) })
+	stream := &heldStream{emit: emit}
+	_, err = rt.mgr.Add(ctx, spec, plan, stream.progress)
 	if err != nil {
 		b.dropNodeOverrides(added)
-		switch {
-		case errors.Is(err, node.ErrExists):
-			return admin.Errorf(admin.ErrConflict, "%v", err)
-		}
-		return err
 	}
-	return nil
+	stream.end()
+	if errors.Is(err, node.ErrExists) {
+		return admin.Errorf(admin.ErrConflict, "%v", err)
+	}
+	return err
+}
+
+// heldStream forwards a node's progress to emit but holds its terminal
+// event (done or failed) until end: the stream ends only once the agent
+// has finished what its end promises (the overrides dropped too).
+// Progress comes from the one goroutine running the operation.
+type heldStream struct {
+	emit     func(admin.NodeEvent) error
+	terminal *admin.NodeEvent
+}
+
+func (h *heldStream) progress(p node.Progress) {
+	e := nodeEvent(p)
+	if e.Terminal() {
+		h.terminal = &e
+		return
+	}
+	_ = h.emit(e)
+}
+
+func (h *heldStream) end() {
+	if h.terminal != nil {
+		_ = h.emit(*h.terminal)
+	}
 }
 
 // nodePlan checks an add request against this agent's config and mesh and
@@ -335,7 +359,9 @@ func (b *Backend) RemoveNode(ctx context.Context, by admin.Caller, name string, 
 	if rt == nil {
 		return errNoNodes
 	}
-	_, err := rt.mgr.Remove(ctx, name, func(p node.Progress) { _ = emit(nodeEvent(p)) })
+	stream := &heldStream{emit: emit}
+	defer stream.end()
+	_, err := rt.mgr.Remove(ctx, name, stream.progress)
 	switch {
 	case errors.Is(err, node.ErrUnknown):
 		return admin.Errorf(admin.ErrNotFound, "no node %s is recorded on this agent", name)
