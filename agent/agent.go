@@ -58,6 +58,8 @@ type Options struct {
 	TransportTuning func(*mesh.TransportConfig)
 	// AdminTuning adjusts the admin runtime's options (tests inject fakes).
 	AdminTuning func(*AdminOptions)
+	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
+	NodeTuning func(*NodeOptions)
 }
 
 // DevModel starts an in-process model server for dev mode, serving model
@@ -86,6 +88,7 @@ type Agent struct {
 	transport *mesh.Transport
 	admin     *Admin
 	prov      *provisioning
+	nodes     *nodes // nil without a mesh
 }
 
 // New validates the configuration and builds an agent; nothing is bound
@@ -355,6 +358,27 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer wg.Done()
 			prov.sweeper.Run(runCtx)
 		}()
+	}
+
+	if m != nil {
+		// Node bootstrap (`infermesh node add`): it needs the mesh, where
+		// new nodes join. Its close runs before the admin runtime's, so
+		// adds in flight tear down while the state store is open.
+		nrt, err := a.startNodes(ad.Store().DB(), m)
+		if err != nil {
+			a.log.Error("node bootstrap disabled", zap.Error(err))
+			a.audit.Record(Event{Kind: "node.disabled", Fields: map[string]string{"why": err.Error()}})
+		} else {
+			a.mu.Lock()
+			a.nodes = nrt
+			a.mu.Unlock()
+			defer nrt.close()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				nrt.recover(runCtx, a.log.Named("nodes"), ad.Backend())
+			}()
+		}
 	}
 
 	if err := ad.Serve(runCtx); err != nil {

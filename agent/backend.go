@@ -27,6 +27,7 @@ import (
 //	backend_events.go     the audit stream
 //	backend_instances.go  managed instances: list, logs, retry
 //	backend_reload.go     reload: re-read the config file, apply what can change at run time
+//	backend_nodes.go      node add, list, remove (`infermesh node`), and the overrides an add makes
 //
 // Its pure parts have files and tests of their own: policy.go (the config
 // with the overrides on top) and configdiff.go (what a reload changes).

@@ -13,6 +13,8 @@
 //	transport.go      the proxy's remote path over the QUIC transport, and the peer scorer
 //	provisioning.go   managed instances: specs from roles, the manager of the Docker and native
 //	                  runtimes (package provision), its periodic orphan sweep (package cleanup)
+//	nodes.go          node bootstrap: the node manager over the state store, the mesh view, the
+//	                  Docker engine and the agent's SSH key (package provision/node); its audit
 //	health.go         static upstreams: registered in placement only while they answer
 //	audit.go          the audit log, fanned out to `infermesh events`
 //	admin.go          the admin runtime: state store, admin socket, metrics port

@@ -1,5 +1,5 @@
 // Package provision runs the model servers an infermesh agent manages on its
-// own host, and is where new hosts will be brought into the mesh.
+// own host. Bringing new hosts into the mesh is its subpackage node.
 //
 // # Words
 //
@@ -120,33 +120,30 @@
 //	  list_managed_refs           ListManagedRefs
 //	  stop_by_spec                StopBySpec
 //
-// # Glossary: seed 001, node provisioning (to come)
+// # Glossary: seed 001, node provisioning
 //
-// Seed 001 brings nodes into this package: a host is leased, bootstrapped
-// over SSH, and observed to join. It will live here, beside the instance
-// layer and sharing its Docker client and ownership labels, in files named
-// node_*.go so the two rooms stay apart:
+// Seed 001 brings hosts into the mesh: a host is leased, bootstrapped over
+// SSH, and observed to join. It lives in the subpackage node
+// (provision/node), which shares this package's Docker client and
+// ownership labels; its package doc has the full glossary:
 //
-//	seed 001                      infermesh
-//	LogicalNodeId                 the new node's name (node.name)
+//	seed 001                      infermesh (package node)
+//	LogicalNodeId                 Spec.Name, the new node's name (node.name)
 //	swactor                       the agent, infermeshd
-//	SwactorId                     the joined node's key, as admitted
-//	SwarmJoinSpec                 the mesh join settings: join addresses,
-//	                              a reference to the join credential
-//	ProviderPlugin, ProviderKind  the node lease provider (node_lease*.go):
-//	                              docker (a node container running systemd
-//	                              and sshd) or ssh (an existing host)
-//	  create/destroy_lease        create and destroy a node lease
-//	  lookup_endpoint             the lease's SSH endpoint
-//	LeaseFacts, DestroyHandle     the lease record, kept in the node intent
-//	DockerCli                     DockerAPI, shared with the instance layer
-//	SshBootstrapSession           the bootstrap session (node_bootstrap.go),
-//	                              over golang.org/x/crypto/ssh
-//	  BootstrapStage              its stages, with the seed's messages
-//	  BootstrapLogRecord          a bootstrap log line: one sequence for
-//	                              stdout and stderr
-//	NodeManager                   the node provisioner (node_provisioner.go):
-//	  + DockerNodeProvisioner     one state machine per node that drives
-//	                              lease, session and join, and tears down
-//	                              on any failure
+//	SwactorId                     the name the node joined as, admitted with
+//	                              the key made on it
+//	SwarmJoinSpec                 Spec.Join, Spec.JoinCredentialRef
+//	ProviderPlugin, ProviderKind  Lease, Kind: DockerLease (a node container
+//	                              running systemd and sshd) or SSHLease (an
+//	                              existing host)
+//	  create/destroy_lease        Lease.Create, Lease.Destroy
+//	  lookup_endpoint             Lease.LookupEndpoint
+//	LeaseFacts, DestroyHandle     LeaseFacts, DestroyHandle: kept in the
+//	                              node's Record (its intent)
+//	DockerCli                     DockerAPI, met by DockerClient
+//	SshBootstrapSession           Session over a Client (SSHClient: x/crypto/ssh)
+//	  BootstrapStage              Stage, with the seed's messages
+//	  BootstrapLogRecord          LogRecord: one sequence for stdout and stderr
+//	NodeManager                   Machine: messages in, commands out
+//	DockerNodeProvisioner         Provisioner (any Lease), Close for Drop
 package provision

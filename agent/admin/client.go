@@ -84,33 +84,11 @@ func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+Host+path, body)
+	resp, err := c.open(ctx, method, path, in)
 	if err != nil {
-		return err
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			return ue.Err
-		}
 		return err
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
-		return err
-	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
@@ -119,6 +97,57 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return fmt.Errorf("admin %s %s: reading the answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// open sends a request (in as its JSON body, when not nil) and returns the
+// response once its status says it succeeded; the caller closes its body.
+func (c *Client) open(ctx context.Context, method, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+Host+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return nil, ue.Err
+		}
+		return nil, err
+	}
+	if err := checkStatus(resp); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return resp, nil
+}
+
+// readLines decodes every line of a newline-delimited JSON stream into a
+// T and calls fn with it, until the stream ends (nil), a line does not
+// decode, or fn returns an error or done.
+func readLines[T any](r io.Reader, maxLine int, fn func(T) (done bool, err error)) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), maxLine)
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			return err
+		}
+		if done, err := fn(v); done || err != nil {
+			return err
+		}
+	}
+	return sc.Err()
 }
 
 func checkStatus(resp *http.Response) error {
@@ -213,22 +242,11 @@ func (c *Client) RetryInstance(ctx context.Context, role string) (Instance, erro
 
 // Metrics is GET /metrics, in the Prometheus text format.
 func (c *Client) Metrics(ctx context.Context) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+Host+"/metrics", nil)
+	resp, err := c.open(ctx, http.MethodGet, "/metrics", nil)
 	if err != nil {
-		return "", err
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			return "", ue.Err
-		}
 		return "", err
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
-		return "", err
-	}
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
 }
@@ -241,40 +259,25 @@ var ErrStreamEnded = errors.New("event stream ended by the agent")
 // (nil), fn returns an error (that error), or the agent ends the stream
 // (ErrStreamEnded).
 func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+Host+"/v0/events", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.open(ctx, http.MethodGet, "/v0/events", nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			return ue.Err
-		}
 		return err
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp); err != nil {
-		return err
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		var e Event
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return fmt.Errorf("event stream: %w", err)
-		}
-		if err := fn(e); err != nil {
-			return err
-		}
-	}
-	if ctx.Err() != nil {
+	var fnErr error
+	err = readLines(resp.Body, 1<<20, func(e Event) (bool, error) {
+		fnErr = fn(e)
+		return false, fnErr
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case ctx.Err() != nil:
 		return nil
-	}
-	if err := sc.Err(); err != nil {
+	case err != nil:
 		return fmt.Errorf("event stream: %w", err)
 	}
 	return ErrStreamEnded

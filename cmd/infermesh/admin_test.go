@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,10 +19,16 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		bins.Remove()
-		os.Exit(code)
-	}))
+	code := m.Run()
+	nodeTeardown()
+	bins.Remove()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // fakeAgent serves fake on a fresh socket and returns the socket path.

@@ -8,11 +8,13 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent"
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/identity"
 )
 
 func main() {
@@ -40,12 +43,17 @@ func run(args []string) error {
 	devPort := fs.Int("dev-port", 18080, "dev mode: the loopback port of role chat")
 	logLevel := fs.String("log-level", "", "override log.level (debug, info, warn, error)")
 	version := fs.Bool("version", false, "print the version and exit")
+	keygen := fs.Bool("keygen", false, "create the node key in node.state_dir of -config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *version {
 		fmt.Println("infermeshd", agent.Version)
 		return nil
+	}
+
+	if *keygen {
+		return printNodeKey(*configPath)
 	}
 
 	var cfg *agent.Config
@@ -142,6 +150,21 @@ func run(args []string) error {
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
+	return nil
+}
+
+// printNodeKey creates the node key of the config's state dir unless it
+// exists and prints its public key.
+func printNodeKey(configPath string) error {
+	cfg, err := agent.LoadConfig(configPath)
+	if err != nil {
+		return err
+	}
+	key, _, err := identity.LoadOrCreateKey(filepath.Join(cfg.Node.StateDir, identity.NodeKeyFile))
+	if err != nil {
+		return err
+	}
+	fmt.Println(identity.EncodeKey(key.Public().(ed25519.PublicKey)))
 	return nil
 }
 

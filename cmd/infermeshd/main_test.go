@@ -210,3 +210,33 @@ func logsString(cmd *exec.Cmd) string {
 	defer sw.mu.Unlock()
 	return sw.w.String()
 }
+
+// TestKeygenCreatesOnceAndPrintsThePublicKey: -keygen makes the node key in
+// the config's state dir (0600), prints its public key, and prints the same
+// key again without replacing it.
+func TestKeygenCreatesOnceAndPrintsThePublicKey(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	cfg := filepath.Join(dir, "infermesh.yaml")
+	if err := os.WriteFile(cfg, []byte("node: {name: k1, state_dir: "+state+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func() string {
+		out, err := exec.Command(bin, "-config", cfg, "-keygen").Output()
+		if err != nil {
+			t.Fatalf("infermeshd -keygen: %v", err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	first := run()
+	st, err := os.Stat(filepath.Join(state, "node.key"))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("node.key: %v, mode %v; want 0600", err, st)
+	}
+	if len(first) != 44 || !strings.HasSuffix(first, "=") {
+		t.Errorf("printed %q, want a base64 ed25519 public key", first)
+	}
+	if second := run(); second != first {
+		t.Errorf("second -keygen printed %q, want the same key %q", second, first)
+	}
+}

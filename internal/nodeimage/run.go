@@ -25,13 +25,16 @@ const HostKeyPath = "/etc/ssh/ssh_host_ed25519_key"
 
 // ContainerConfig returns the configuration of a node container of image
 // tag: systemd as PID 1, unprivileged, /run and /run/lock on tmpfs, the
-// host's cgroup tree read-only. The caller adds name, labels, env and
-// network.
+// host's cgroup tree read-only, stopped the way systemd shuts down. The
+// caller adds name, labels, env and network.
 func ContainerConfig(tag string) (*container.Config, *container.HostConfig) {
 	cc := &container.Config{
 		Image: tag,
 		// systemd reads this to know it runs in a container.
 		Env: []string{"container=docker"},
+		// systemd shuts down cleanly on SIGRTMIN+3 (SIGTERM makes it
+		// re-execute itself): docker stop stops every unit first.
+		StopSignal: "SIGRTMIN+3",
 	}
 	hc := &container.HostConfig{
 		Tmpfs:         map[string]string{"/run": "rw,mode=755", "/run/lock": "rw"},

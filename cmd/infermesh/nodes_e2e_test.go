@@ -1,0 +1,444 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"go.etcd.io/bbolt"
+	"golang.org/x/crypto/ssh"
+
+	"github.com/infermesh/infermesh/agent"
+	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/nodeimage"
+	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/provision"
+	"github.com/infermesh/infermesh/provision/node"
+)
+
+// The stages of a successful docker add, in order.
+var addStages = []string{"leasing", "created", "connecting", "ready", "stdout_streaming", "boot_checking", "agent_starting", "waiting_for_join", "converged"}
+
+// stagesOf lists the distinct stages (or phases, before the session) a
+// stream went through.
+func stagesOf(evs []admin.NodeEvent) []string {
+	var out []string
+	for _, e := range evs {
+		if e.Kind != admin.NodeEventStage {
+			continue
+		}
+		s := e.Stage
+		if s == "" {
+			s = e.Phase
+		}
+		if len(out) == 0 || out[len(out)-1] != s {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestNodeAddDockerServesChatOverQUIC is the whole story: an agent
+// bootstraps a docker node with the demo model; the node joins (admitted
+// with the key made on it, its chat advert heard); the agent's loopback
+// port serves a chat completion, driven by the OpenAI Go SDK, from the new
+// node's role over QUIC; `node remove` leaves nothing behind.
+func TestNodeAddDockerServesChatOverQUIC(t *testing.T) {
+	e := newNodeEnv(t)
+	a, sock := e.startAgent("hub")
+
+	out, errOut, code := runCLI(t, "node", "add", "lab", "--provider", "docker", "--network", e.network,
+		"--roles", "chat", "--demo", "--authority-key", e.authFile, "--json", "--socket", sock)
+	if code != 0 {
+		t.Fatalf("node add: exit %d: %s\n%s", code, errOut, out)
+	}
+	evs := nodeEvents(t, out)
+	if got := stagesOf(evs); !slices.Equal(got, addStages) {
+		t.Errorf("stages = %v\nwant     %v", got, addStages)
+	}
+	if last := evs[len(evs)-1]; last.Kind != admin.NodeEventDone {
+		t.Errorf("last event = %+v, want done", last)
+	}
+	// One sequence over stdout and stderr, from 1, without gaps.
+	var seqs []uint64
+	streams := map[string]bool{}
+	for _, ev := range evs {
+		if ev.Kind == admin.NodeEventLog {
+			seqs = append(seqs, ev.Seq)
+			streams[ev.Stream] = true
+		}
+	}
+	for i, s := range seqs {
+		if s != uint64(i+1) {
+			t.Fatalf("log sequence numbers %v: want 1, 2, 3, ...", seqs)
+		}
+	}
+	if !streams["stdout"] || !streams["stderr"] {
+		t.Errorf("log streams %v, want stdout and stderr", streams)
+	}
+	// Each stage is an audit event.
+	var audited []string
+	for _, ev := range a.Audit().Recent() {
+		if ev.Node == "lab" && (ev.Kind == agent.AuditNodeStage || ev.Kind == agent.AuditNodeConverged) {
+			s := ev.Fields["stage"]
+			if s == "" {
+				s = ev.Fields["phase"]
+			}
+			if len(audited) == 0 || audited[len(audited)-1] != s {
+				audited = append(audited, s)
+			}
+		}
+	}
+	if !slices.Equal(audited, addStages) {
+		t.Errorf("audited stages = %v\nwant            %v", audited, addStages)
+	}
+
+	// The node as the agent sees it.
+	l := nodeList(t, sock)
+	if len(l.Nodes) != 1 || l.Nodes[0].Phase != "converged" || l.Nodes[0].Member != "admitted" || l.Nodes[0].Installed == 0 {
+		t.Fatalf("node list = %+v, want lab converged and admitted", l)
+	}
+	p, ok := member(a.Mesh(), "lab")
+	if !ok || !p.Admitted || l.Nodes[0].Key == "" || l.Nodes[0].Key != identity.EncodeKey(p.PublicKey) {
+		t.Fatalf("mesh view of lab = %+v (%v), want admitted with the key made on the host (%s)", p, ok, l.Nodes[0].Key)
+	}
+
+	// A chat completion on the agent's loopback port: the agent has no
+	// instance of chat, so the answer comes from lab over QUIC.
+	cands := a.Table().Resolve("chat")
+	if len(cands) == 0 || cands[0].Kind != placement.KindRemote || cands[0].Node != "lab" {
+		t.Fatalf("chat resolves to %+v, want lab (remote)", cands)
+	}
+	addr, _ := a.RoleAddr("chat")
+	client := openai.NewClient(option.WithBaseURL("http://"+addr.String()+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:    "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+	})
+	if err != nil {
+		t.Fatalf("chat completion through the agent: %v", err)
+	}
+	if len(resp.Choices) == 0 || resp.Choices[0].Message.Content == "" || resp.Model != "chat" {
+		t.Fatalf("chat completion = %+v, want an answer for model chat", resp)
+	}
+
+	// Remove: the container goes, the record and the override too, and
+	// the node leaves the mesh view.
+	out, errOut, code = runCLI(t, "node", "remove", "lab", "--socket", sock)
+	if code != 0 {
+		t.Fatalf("node remove: exit %d: %s\n%s", code, errOut, out)
+	}
+	if !strings.Contains(out, "removed") {
+		t.Errorf("node remove printed %q, want it to say removed", out)
+	}
+	e.assertGone(a, sock, "lab")
+	if _, errOut, code := runCLI(t, "node", "remove", "lab", "--socket", sock); code == 0 || !strings.Contains(errOut, "no node lab") {
+		t.Errorf("removing it again: exit %d %q, want a not-found error", code, errOut)
+	}
+}
+
+// TestNodeAddFailingVerifyTearsDown: a verify command that fails ends the
+// add at boot_check_failed, exit non-zero with the stage and reason, and
+// leaves no container, no record, no override and no member.
+func TestNodeAddFailingVerifyTearsDown(t *testing.T) {
+	e := newNodeEnv(t)
+	a, sock := e.startAgent("hub")
+	out, errOut, code := runCLI(t, "node", "add", "bad", "--provider", "docker", "--network", e.network,
+		"--roles", "chat", "--demo", "--authority-key", e.authFile, "--verify", "test -e /opt/gpu-driver", "--socket", sock)
+	if code == 0 {
+		t.Fatalf("node add with a failing verify succeeded:\n%s", out)
+	}
+	for _, want := range []string{"failed at stage boot_check_failed", "test -e /opt/gpu-driver", "exit 1"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q lacks %q", errOut, want)
+		}
+	}
+	for _, want := range []string{"boot_checking", "failed", "destroyed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("progress lacks %q:\n%s", want, out)
+		}
+	}
+	e.assertGone(a, sock, "bad")
+}
+
+// hostFiles lists every path of the host container's root filesystem
+// (its own filesystem only: not /proc, /sys, /run or /dev), with its type.
+func hostFiles(t *testing.T, cli *provision.DockerClient, id string) []string {
+	t.Helper()
+	out, errOut, code, err := nodeimage.Exec(context.Background(), cli, id, "find", "/", "-xdev", "-printf", "%y %p\n")
+	if err != nil || code != 0 {
+		t.Fatalf("find: exit %d %v %s", code, err, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	slices.Sort(lines)
+	return lines
+}
+
+func diffLists(before, after []string) (added, removed []string) {
+	b, a := map[string]bool{}, map[string]bool{}
+	for _, x := range before {
+		b[x] = true
+	}
+	for _, x := range after {
+		a[x] = true
+		if !b[x] {
+			added = append(added, x)
+		}
+	}
+	for _, x := range before {
+		if !a[x] {
+			removed = append(removed, x)
+		}
+	}
+	return added, removed
+}
+
+// TestNodeSSHProvider runs the ssh provider against a real sshd: a node
+// container stands in for an existing server. A wrong host key is refused
+// before authentication and leaves the host untouched; an install pinned
+// by known_hosts converges; `node remove` then leaves the host as it was,
+// file for file.
+func TestNodeSSHProvider(t *testing.T) {
+	e := newNodeEnv(t)
+	a, sock := e.startAgent("hub")
+	bootstrapKey, err := node.ParseAuthorizedKey(nodeList(t, sock).BootstrapKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hostKey, _ := ed25519.GenerateKey(rand.Reader)
+	hostPub, _ := ssh.NewPublicKey(hostKey.Public())
+	ctx := context.Background()
+	id, err := nodeimage.Boot(ctx, e.cli, nodeimage.BootOptions{
+		Tag: nodeImage, Name: "infermesh-test-" + e.site + "-host", Network: e.network,
+		Labels:  map[string]string{provision.LabelSite: e.site, "io.infermesh.test": "existing-host"},
+		HostKey: hostKey, AuthorizedKeys: []ssh.PublicKey{bootstrapKey},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := nodeimage.WaitReady(wctx, e.cli, id); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := info.NetworkSettings.Networks[e.network].IPAddress
+
+	// The agent logs in once before the baseline, so that what sshd
+	// itself records about logins is in it.
+	signer, err := node.LoadOrCreateSigner(filepath.Join(e.dir, "hub", agent.BootstrapKeyFile), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := node.NewSSHClient(node.SSHConfig{Signer: signer})
+	if err := c.Connect(ctx, node.Endpoint{Host: ip, Port: 22, User: "root", HostKeys: []string{node.AuthorizedKey(hostPub)}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	before := hostFiles(t, e.cli, id)
+	accepted := func() int {
+		out, _, _, _ := nodeimage.Exec(ctx, e.cli, id, "sh", "-c", "journalctl -u ssh --no-pager -o cat")
+		if strings.Contains(out, "authenticating user") || strings.Contains(out, "Failed publickey") {
+			t.Errorf("sshd saw a failed authentication:\n%s", out)
+		}
+		return strings.Count(out, "Accepted publickey")
+	}
+	logins := accepted()
+
+	t.Run("wrong host key", func(t *testing.T) {
+		wrong := ssh.FingerprintSHA256(mustSigner(t).PublicKey())
+		out, errOut, code := runCLI(t, "node", "add", "h0", "--ssh", "root@"+ip, "--host-key-fingerprint", wrong,
+			"--roles", "chat", "--demo", "--authority-key", e.authFile, "--socket", sock)
+		if code == 0 {
+			t.Fatalf("node add with a wrong host key succeeded:\n%s", out)
+		}
+		for _, want := range []string{"failed at stage ssh_timeout", "host key mismatch", wrong} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("stderr %q lacks %q", errOut, want)
+			}
+		}
+		if n := accepted(); n != logins {
+			t.Errorf("sshd accepted %d logins, want %d: the wrong key was not refused before authentication", n, logins)
+		}
+		if added, removed := diffLists(before, hostFiles(t, e.cli, id)); len(added)+len(removed) > 0 {
+			t.Errorf("the refused add changed the host: added %v, removed %v", added, removed)
+		}
+		e.assertGone(a, sock, "h0")
+	})
+
+	t.Run("install and remove", func(t *testing.T) {
+		knownHosts := filepath.Join(t.TempDir(), "known_hosts")
+		line := knownhostsLine(ip, hostPub)
+		if err := os.WriteFile(knownHosts, []byte(line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := runCLI(t, "node", "add", "h1", "--ssh", "root@"+ip, "--known-hosts", knownHosts,
+			"--roles", "chat", "--demo", "--authority-key", e.authFile, "--socket", sock)
+		if code != 0 {
+			t.Fatalf("node add --ssh: exit %d: %s\n%s", code, errOut, out)
+		}
+		p, ok := member(a.Mesh(), "h1")
+		if !ok || !p.Admitted {
+			t.Fatalf("h1 in the mesh view: %+v %v, want admitted", p, ok)
+		}
+		installed, _ := diffLists(before, hostFiles(t, e.cli, id))
+		for _, want := range []string{"f /usr/local/bin/infermeshd", "f /etc/infermesh/infermesh.yaml", "f /var/lib/infermesh/node.key", "l /etc/systemd/system/multi-user.target.wants/infermeshd.service"} {
+			if !slices.Contains(installed, want) {
+				t.Errorf("after the install the host lacks %s (added: %v)", want, installed)
+			}
+		}
+		out, errOut, code = runCLI(t, "node", "remove", "h1", "--socket", sock)
+		if code != 0 {
+			t.Fatalf("node remove: exit %d: %s\n%s", code, errOut, out)
+		}
+		if added, removed := diffLists(before, hostFiles(t, e.cli, id)); len(added)+len(removed) > 0 {
+			t.Errorf("after remove the host differs: added %v, removed %v", added, removed)
+		}
+		if state, _, _, _ := nodeimage.Exec(ctx, e.cli, id, "systemctl", "is-active", "infermeshd.service"); strings.TrimSpace(state) == "active" {
+			t.Error("infermeshd still runs on the host")
+		}
+		e.assertGone(a, sock, "h1")
+	})
+}
+
+func mustSigner(t *testing.T) ssh.Signer {
+	t.Helper()
+	_, k, _ := ed25519.GenerateKey(rand.Reader)
+	s, err := ssh.NewSignerFromKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func knownhostsLine(ip string, k ssh.PublicKey) string {
+	return fmt.Sprintf("%s %s", ip, ssh.MarshalAuthorizedKey(k))
+}
+
+// TestNodeAddAgentKilled: the bootstrapping agent (infermeshd, its own
+// process) is killed with SIGKILL while the session installs. The intent
+// it stored before the lease survives the crash; the restarted agent tears
+// the node down: no container, no record, no override, no member.
+func TestNodeAddAgentKilled(t *testing.T) {
+	e := newNodeEnv(t)
+	cfgPath, sock := e.writeAgentConfig("hub")
+	logPath := filepath.Join(e.dir, "hub.log")
+	start := func() *exec.Cmd {
+		t.Helper()
+		logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(nodeBins["infermeshd"], "-config", cfgPath)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		logf.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+		if _, errOut, code := runCLI(t, "status", "--wait", "30s", "--socket", sock); code != 0 {
+			log, _ := os.ReadFile(logPath)
+			t.Fatalf("the agent did not come up: %s\n%s", errOut, log)
+		}
+		return cmd
+	}
+	first := start()
+
+	pr, pw := io.Pipe()
+	var errOut strings.Builder
+	codec := make(chan int, 1)
+	go func() {
+		code := run([]string{"node", "add", "k1", "--provider", "docker", "--network", e.network, "--roles", "chat", "--demo",
+			"--authority-key", e.authFile, "--json", "--socket", sock}, pw, &errOut)
+		pw.Close()
+		codec <- code
+	}()
+	killed := false
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		var ev admin.NodeEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("stream line %q: %v", sc.Text(), err)
+		}
+		if ev.Stage == "agent_starting" && !killed {
+			if err := first.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	code := <-codec
+	if !killed {
+		t.Fatalf("the add never reached agent_starting (exit %d: %s)", code, errOut.String())
+	}
+	if code == 0 || !strings.Contains(errOut.String(), "node k1") {
+		t.Fatalf("node add after its agent died: exit %d %q, want a failure naming the node", code, errOut.String())
+	}
+
+	// What the crash left: the container, and its intent in the state
+	// store (written before the lease was created).
+	ctx := context.Background()
+	left := 0
+	for _, c := range e.containers(ctx) {
+		if c.Labels[provision.LabelNode] == "k1" {
+			left++
+		}
+	}
+	if left != 1 {
+		t.Fatalf("%d containers of k1 after the crash, want 1", left)
+	}
+	waitFor(t, 10*time.Second, "the dead agent's state store lock", func() bool {
+		db, err := bbolt.Open(filepath.Join(e.dir, "hub", "state.db"), 0o600, &bbolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+		if err != nil {
+			return false
+		}
+		defer db.Close()
+		return db.View(func(tx *bbolt.Tx) error {
+			b := tx.Bucket([]byte("node.intents"))
+			if b == nil || b.Get([]byte("k1")) == nil {
+				t.Fatal("no intent of k1 in the crashed agent's state store")
+			}
+			return nil
+		}) == nil
+	})
+
+	start()
+	waitFor(t, 2*time.Minute, "the restarted agent to tear k1 down", func() bool {
+		return len(nodeList(t, sock).Nodes) == 0
+	})
+	e.assertGone(nil, sock, "k1")
+	waitFor(t, 30*time.Second, "k1 gone from the restarted agent's mesh view", func() bool {
+		out, _, _ := runCLI(t, "peers", "--json", "--socket", sock)
+		return !strings.Contains(out, `"name": "k1"`)
+	})
+}

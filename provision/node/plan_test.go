@@ -1,0 +1,86 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/infermesh/infermesh/internal/testbin"
+)
+
+func TestNewPlan(t *testing.T) {
+	bins, err := testbin.Build(t.TempDir(), "./provision/internal/testbin/rowrite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	static := bins["rowrite"]
+	spec := testSpec(KindSSH)
+	spec.SSH.Host = "gpu-7.lab"
+	pc := PlanConfig{
+		Spec: spec, Site: "lab", Cluster: "infermesh", Bootstrapper: Agent{Name: "hub", PublicKey: fakeNodeKey},
+		Authority: fakeNodeKey, Keyring: []string{"k1", "k2"}, AgentBinary: static, DemoBinary: static, DemoModel: "demo",
+		Unit: []byte("[Unit]\n"),
+		Issue: func(_ context.Context, name, pub string) (string, error) {
+			return "cert(" + name + "," + pub + ")", nil
+		},
+		Resolve: func(_ context.Context, host string) ([]net.IP, error) {
+			if host != "gpu-7.lab" {
+				return nil, errors.New("no such host")
+			}
+			return []net.IP{net.ParseIP("fd00::7"), net.ParseIP("10.0.0.7")}, nil
+		},
+	}
+
+	t.Run("refuses a dynamically linked agent", func(t *testing.T) {
+		dyn := pc
+		dyn.AgentBinary = "/bin/ls"
+		if _, _, err := NewPlan(dyn); err == nil || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+			t.Errorf("NewPlan(/bin/ls) = %v, want a dynamic-linking refusal", err)
+		}
+	})
+
+	boot, plan, err := NewPlan(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range boot.Verify {
+		names = append(names, c.Name)
+	}
+	got := strings.Join(names, ", ")
+	for _, want := range []string{"systemd", "architecture", "tools", "absent /var/lib/infermesh", "absent /etc/infermesh",
+		"absent /usr/local/bin/infermeshd", "absent /usr/local/bin/infermesh-demo", "absent /etc/systemd/system/infermeshd.service",
+		"absent /etc/systemd/system/infermesh-demo.service", "systemd, architecture"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("checks %s lack %s", got, want)
+		}
+	}
+	if strings.Contains(got, "absent /etc/infermesh/infermesh.yaml") || strings.Contains(got, "absent "+KeyringFile) {
+		t.Errorf("checks %s test paths inside directories the install creates", got)
+	}
+
+	in, err := plan(context.Background(), Endpoint{Host: "gpu-7.lab", Port: 22, User: "root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Files[0].Path != ConfigFile || !strings.Contains(string(in.Files[0].Data), "advertise: 10.0.0.7:7946") {
+		t.Errorf("config = %s\n%s, want the node's resolved IPv4 advertised", in.Files[0].Path, in.Files[0].Data)
+	}
+	if in.Units[0] != DemoUnit || in.Units[1] != AgentUnit || len(in.Uploads) != 2 || in.Uploads[0].SHA256 == "" {
+		t.Errorf("install = %+v, want the demo unit first and both uploads with digests", in)
+	}
+	for _, f := range in.Files {
+		if f.Path == KeyringFile && (f.Mode != 0o600 || string(f.Data) != "[\"k1\",\"k2\"]\n") {
+			t.Errorf("keyring file %o %q, want 0600 with both keys", f.Mode, f.Data)
+		}
+	}
+	cert, err := in.Issue(context.Background(), "PUB")
+	if err != nil || cert.Path != CertFile || string(cert.Data) != "cert(gpu-7,PUB)\n" || cert.Mode != 0o600 {
+		t.Errorf("certificate file = %+v, %v", cert, err)
+	}
+	if _, err := plan(context.Background(), Endpoint{Host: "nowhere.lab"}); err == nil || !strings.Contains(err.Error(), "--advertise") {
+		t.Errorf("plan for an unresolvable host = %v, want a hint at --advertise", err)
+	}
+}
