@@ -23,6 +23,7 @@ const (
 	BinDir      = "/usr/local/bin"
 	ConfigDir   = "/etc/infermesh"
 	StateDir    = "/var/lib/infermesh"
+	CacheDir    = "/var/cache/infermesh" // the unit's CacheDirectory: native instances' caches
 	UnitDir     = "/etc/systemd/system"
 	AgentUnit   = "infermeshd.service"
 	DemoUnit    = "infermesh-demo.service"
@@ -155,7 +156,7 @@ func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 		return BootSpec{}, nil, err
 	}
 	static := Install{
-		Dirs:       []Dir{{Path: StateDir, Mode: 0o700}, {Path: ConfigDir, Mode: 0o755}},
+		Dirs:       []Dir{{Path: StateDir, Mode: 0o700}, {Path: CacheDir, Mode: 0o700}, {Path: ConfigDir, Mode: 0o755}},
 		StagingDir: StateDir,
 		Uploads:    []Upload{{Path: BinDir + "/infermeshd", Mode: 0o755, Local: agent.path, SHA256: agent.sha256}},
 		Files: []File{
