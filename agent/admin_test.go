@@ -88,7 +88,7 @@ func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 	events := make(chan admin.Event, 64)
 	done := make(chan error, 1)
 	go func() {
-		done <- aa.client.Events(ctx, func(e admin.Event) error { events <- e; return nil })
+		done <- aa.client.Events(ctx, admin.EventsOptions{Follow: true}, func(e admin.Event) error { events <- e; return nil })
 	}()
 	if _, err := aa.client.SetPolicy(context.Background(), admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: "chat", Node: "z", On: true}); err != nil {
 		t.Fatal(err)

@@ -257,9 +257,22 @@ var ErrStreamEnded = errors.New("event stream ended by the agent")
 
 // Events follows GET /v0/events, calling fn for each event until ctx ends
 // (nil), fn returns an error (that error), or the agent ends the stream
-// (ErrStreamEnded).
-func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
-	resp, err := c.open(ctx, http.MethodGet, "/v0/events", nil)
+// (ErrStreamEnded). Without o.Follow the stream ends after the history and
+// Events returns nil.
+func (c *Client) Events(ctx context.Context, o EventsOptions, fn func(Event) error) error {
+	path := "/v0/events?follow=" + strconv.FormatBool(o.Follow)
+	if o.Last > 0 {
+		path += "&last=" + strconv.Itoa(o.Last)
+	}
+	err := c.events(ctx, path, fn)
+	if !o.Follow && errors.Is(err, ErrStreamEnded) {
+		return nil
+	}
+	return err
+}
+
+func (c *Client) events(ctx context.Context, path string, fn func(Event) error) error {
+	resp, err := c.open(ctx, http.MethodGet, path, nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -213,6 +213,14 @@ type Event struct {
 	Fields map[string]string `json:"fields,omitempty"`
 }
 
+// EventsOptions select what GET /v0/events sends: the recent history (the
+// last Last events when Last > 0, ?last=N), then new events while Follow
+// (?follow=false ends the stream after the history).
+type EventsOptions struct {
+	Follow bool
+	Last   int
+}
+
 // ReloadResult is POST /v0/reload.
 type ReloadResult struct {
 	Config       string   `json:"config"`

@@ -26,6 +26,9 @@ type Fake struct {
 
 	// NoMesh makes the keyring answer ErrNotConfigured.
 	NoMesh bool
+	// NoInstances makes Instances answer ErrNotConfigured, as an agent
+	// without provisioning does.
+	NoInstances bool
 	// History is sent by Events before it waits for ctx.
 	History []admin.Event
 	// HistorySent, when set, is closed once Events has sent History.
@@ -199,14 +202,21 @@ func (f *Fake) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Keyri
 }
 
 // Events implements admin.Backend.
-func (f *Fake) Events(ctx context.Context, fn func(admin.Event) error) error {
-	for _, e := range f.History {
+func (f *Fake) Events(ctx context.Context, o admin.EventsOptions, fn func(admin.Event) error) error {
+	h := f.History
+	if o.Last > 0 && o.Last < len(h) {
+		h = h[len(h)-o.Last:]
+	}
+	for _, e := range h {
 		if err := fn(e); err != nil {
 			return err
 		}
 	}
 	if f.HistorySent != nil {
 		f.sentOnce.Do(func() { close(f.HistorySent) })
+	}
+	if !o.Follow {
+		return nil
 	}
 	<-ctx.Done()
 	return nil
@@ -225,6 +235,9 @@ func (f *Fake) Reload(_ context.Context, by admin.Caller) (admin.ReloadResult, e
 
 // Instances implements admin.Backend.
 func (f *Fake) Instances(context.Context) ([]admin.Instance, error) {
+	if f.NoInstances {
+		return nil, admin.Errorf(admin.ErrNotConfigured, "provisioning is not configured on this node (no role has an instance)")
+	}
 	return []admin.Instance{
 		{Role: "embed", State: "ready", Ref: "infermesh-default-a-embed-1", ContainerID: "0123456789ab", Endpoint: "127.0.0.1:32768", Image: "llama-server:local", Restarts: 1, Since: T0},
 	}, nil
