@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -247,6 +248,13 @@ var yamlFieldNotFound = regexp.MustCompile(`line (\d+): field (\S+) not found in
 
 // ParseConfig strictly decodes, defaults and validates YAML config data.
 func ParseConfig(data []byte) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	if err := checkKeys(&doc, reflect.TypeFor[Config]()); err != nil {
+		return nil, err
+	}
 	cfg := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -356,6 +364,9 @@ func (c *Config) Validate() error {
 		f := "roles." + name
 		if err := placement.ValidateRole(name); err != nil {
 			return fieldErr(f, "%v", err)
+		}
+		if r.Port == 0 {
+			return fieldErr(f+".port", "is required (the loopback port apps use for the role)")
 		}
 		if r.Port < 1 || r.Port > 65535 {
 			return fieldErr(f+".port", "%d is not a port (1-65535)", r.Port)
@@ -536,6 +547,9 @@ func (in *InstanceConfig) validate(f string) error {
 			}
 		}
 		return nil
+	}
+	if in.Port == 0 {
+		return fieldErr(f+".port", "is required (the port the server listens on)")
 	}
 	if in.Port < 1 || in.Port > 65535 {
 		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)

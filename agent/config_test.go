@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infermesh/infermesh/internal/testnet"
 )
 
 const fullConfig = `
@@ -106,6 +108,14 @@ func TestParseConfigErrors(t *testing.T) {
 	}{
 		{"unknown top key", "node: {name: a}\nbogus: 1\n", `line 2: unknown key "bogus"`},
 		{"unknown nested key", "node: {name: a}\nroles:\n  chat:\n    port: 1\n    upstreem: x\n", `line 5: unknown key "upstreem"`},
+		{"unknown key path and hint", "node: {name: a}\nroles:\n  chat:\n    port: 1\n    upstreem: x\n", `unknown key "upstreem" (roles.chat.upstreem); did you mean "upstream"?`},
+		{"dash for underscore", "node: {name: a}\nroles:\n  chat: {port: 1, serve-to: [b]}\n", `(roles.chat.serve-to); did you mean "serve_to"?`},
+		{"unknown key in a list item", "node: {name: a}\ntrust: {nodes: [{name: b, pubkey: k}]}\n", `unknown key "pubkey" (trust.nodes[0].pubkey)`},
+		{"every unknown key at once", "nodee: {name: a}\nbogus: 1\n", `line 1: unknown key "nodee" (nodee); did you mean "node"?; line 2: unknown key "bogus" (bogus)`},
+		{"duration without unit", "node: {name: a}\nproxy: {connect_timeout: 5}\n", "line 2: proxy.connect_timeout: 5 has no unit; write 5s"},
+		{"nested duration without unit", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, restart: {backoff: 2}}}\n", "roles.c.instance.restart.backoff: 2 has no unit"},
+		{"role port required", "node: {name: a}\nroles:\n  chat: {upstream: 'http://127.0.0.1:80'}\n", "roles.chat.port: is required"},
+		{"instance port required", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x}}\n", "roles.chat.instance.port: is required"},
 		{"bad role name", "node: {name: a}\nroles:\n  'a/b': {port: 1}\n", "roles.a/b"},
 		{"port range", "node: {name: a}\nroles:\n  chat: {port: 70000}\n", "roles.chat.port"},
 		{"duplicate port", "node: {name: a}\nroles:\n  a: {port: 5}\n  b: {port: 5}\n", `roles.b.port: 5 is already used by role "a"`},
@@ -186,4 +196,28 @@ func TestExampleConfigsParse(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+}
+
+// TestReferenceConfigStarts: configs/infermesh.yaml runs as shipped. Only
+// what cannot be shared on a test machine changes: the state, cache and
+// socket paths and the ports. Everything else (admin.group included) is the
+// file's.
+func TestReferenceConfigStarts(t *testing.T) {
+	cfg, err := LoadConfig("../configs/infermesh.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg.Node.StateDir = filepath.Join(dir, "state")
+	cfg.Node.CacheDir = filepath.Join(dir, "cache")
+	cfg.Admin.Socket = filepath.Join(dir, "admin.sock")
+	if cfg.Mesh.Enabled() {
+		t.Fatal("the reference config enables the mesh: it cannot start without a keyring file")
+	}
+	for name, r := range cfg.Roles {
+		r.Port = testnet.TCPPort(t, "127.0.0.1")
+		cfg.Roles[name] = r
+	}
+	a := runAgent(t, cfg, Options{})
+	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
 }

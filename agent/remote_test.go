@@ -677,3 +677,34 @@ func TestRemoteRequestNeverBounces(t *testing.T) {
 		t.Errorf("b's own request: status %d, c served %d; want 200 and 1", resp.StatusCode, uc.requests.Load())
 	}
 }
+
+// TestRouteHintsANearRoleName: a asks for chat, b advertises chats (a typo
+// on one side). route chat on a names b's role as the one probably meant,
+// and an unknown role's not-found error does too.
+func TestRouteHintsANearRoleName(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chats": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a refuses b's advert of chats", func() bool {
+		return slices.ContainsFunc(a.agent.Audit().Recent(), func(e Event) bool {
+			return e.Kind == placement.AuditAdvertRefused && e.Role == "chats" && e.Node == "b"
+		})
+	})
+	a.agent.mu.Lock()
+	be := a.agent.admin.Backend()
+	a.agent.mu.Unlock()
+	rt, err := be.Route(context.Background(), "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `role "chats" is advertised by b: did you mean it?`; !slices.Contains(rt.Hints, want) {
+		t.Errorf("route chat hints = %q, want %q", rt.Hints, want)
+	}
+	if _, err := be.Route(context.Background(), "chatz"); err == nil || !strings.Contains(err.Error(), `role "chats" is advertised by b`) {
+		t.Errorf("route chatz = %v, want not found with the hint", err)
+	}
+	if _, err := be.Route(context.Background(), "chats"); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("route chats = %v; want not found, with no hint for the name itself", err)
+	}
+}

@@ -109,6 +109,9 @@ type Route struct {
 	Generation uint64     `json:"generation"`
 	Serving    string     `json:"serving,omitempty"` // the first candidate's node, "" when none
 	Decisions  []Decision `json:"decisions"`
+	// Hints name roles peers advertise under a name close to Role (a
+	// typo on one side), when no peer advertises Role itself.
+	Hints []string `json:"hints,omitempty"`
 }
 
 // Decision is one node's verdict for a role.

@@ -174,6 +174,9 @@ func renderRoute(rt admin.Route) string {
 		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(why)})
 	}
 	b.WriteString(table(rows))
+	for _, h := range rt.Hints {
+		fmt.Fprintf(&b, "hint: %s\n", h)
+	}
 	return b.String()
 }
 
