@@ -187,6 +187,19 @@ type InstanceConfig struct {
 	// Health is the readiness path. Default /health.
 	Health  string        `yaml:"health"`
 	Restart RestartPolicy `yaml:"restart"`
+	// GPUs the container may use (docker): all, a count, or device ids.
+	GPUs GPUs `yaml:"gpus"`
+	// ShmSize is the container's /dev/shm (docker), e.g. 8g; inference
+	// servers share tensors through it. Default the engine's 64m.
+	ShmSize ByteSize `yaml:"shm_size"`
+	// Memory limits the container's memory (docker), e.g. 32g.
+	Memory ByteSize `yaml:"memory"`
+	// CPUs limits the container's CPU time (docker), e.g. 4 or 0.5.
+	CPUs float64 `yaml:"cpus"`
+	// StartupTimeout is how long the server may take to answer Health
+	// after it starts (loading a large model can take minutes) before it is
+	// restarted. Default 2m.
+	StartupTimeout time.Duration `yaml:"startup_timeout"`
 }
 
 // Mount is a bind mount into an instance.
@@ -216,6 +229,8 @@ const (
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second
 	defaultHealthPeriod = 2 * time.Second
+	// defaultStartupTimeout is provision's ReadyTimeout default.
+	defaultStartupTimeout = 2 * time.Minute
 )
 
 // FieldError is a configuration error naming the offending field.
@@ -531,7 +546,10 @@ func (in *InstanceConfig) validate(f string) error {
 		if !filepath.IsAbs(in.Command) {
 			return fieldErr(f+".command", "%q must be an absolute path", in.Command)
 		}
-		for _, e := range []error{unused("image", in.Image != ""), unused("mounts", len(in.Mounts) > 0)} {
+		for _, e := range []error{
+			unused("image", in.Image != ""), unused("mounts", len(in.Mounts) > 0), unused("gpus", in.GPUs != ""),
+			unused("shm_size", in.ShmSize != 0), unused("memory", in.Memory != 0), unused("cpus", in.CPUs != 0),
+		} {
 			if e != nil {
 				return e
 			}
@@ -541,6 +559,7 @@ func (in *InstanceConfig) validate(f string) error {
 		for _, e := range []error{
 			unused("image", in.Image != ""), unused("command", in.Command != ""), unused("args", len(in.Args) > 0),
 			unused("env", len(in.Env) > 0), unused("port", in.Port != 0), unused("mounts", len(in.Mounts) > 0),
+			unused("gpus", in.GPUs != ""), unused("shm_size", in.ShmSize != 0), unused("memory", in.Memory != 0), unused("cpus", in.CPUs != 0),
 		} {
 			if e != nil {
 				return e
@@ -572,6 +591,13 @@ func (in *InstanceConfig) validate(f string) error {
 			return fieldErr(mf+".container", "%q must be an absolute path", m.Container)
 		}
 	}
+	if in.CPUs < 0 {
+		return fieldErr(f+".cpus", "%v is negative", in.CPUs)
+	}
+	if in.StartupTimeout < 0 {
+		return fieldErr(f+".startup_timeout", "%v is negative", in.StartupTimeout)
+	}
+	in.StartupTimeout = cmp.Or(in.StartupTimeout, defaultStartupTimeout)
 	if in.Restart.Max < 0 {
 		return fieldErr(f+".restart.max", "%d is negative", in.Restart.Max)
 	}

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/provision"
 )
 
 const fullConfig = `
@@ -116,6 +118,12 @@ func TestParseConfigErrors(t *testing.T) {
 		{"nested duration without unit", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, restart: {backoff: 2}}}\n", "roles.c.instance.restart.backoff: 2 has no unit"},
 		{"role port required", "node: {name: a}\nroles:\n  chat: {upstream: 'http://127.0.0.1:80'}\n", "roles.chat.port: is required"},
 		{"instance port required", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x}}\n", "roles.chat.instance.port: is required"},
+		{"bad gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: some}}\n", `gpus "some" is not all, a count or a list of device ids`},
+		{"zero gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: 0}}\n", `gpus "0"`},
+		{"bad size", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, shm_size: lots}}\n", `"lots" is not a size`},
+		{"native with gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {runtime: native, command: /bin/x, port: 1, gpus: all}}\n", "roles.c.instance.gpus: is not used by runtime native"},
+		{"negative cpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, cpus: -1}}\n", "roles.c.instance.cpus"},
+		{"negative startup timeout", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, startup_timeout: -1s}}\n", "roles.c.instance.startup_timeout"},
 		{"bad role name", "node: {name: a}\nroles:\n  'a/b': {port: 1}\n", "roles.a/b"},
 		{"port range", "node: {name: a}\nroles:\n  chat: {port: 70000}\n", "roles.chat.port"},
 		{"duplicate port", "node: {name: a}\nroles:\n  a: {port: 5}\n  b: {port: 5}\n", `roles.b.port: 5 is already used by role "a"`},
@@ -220,4 +228,36 @@ func TestReferenceConfigStarts(t *testing.T) {
 	}
 	a := runAgent(t, cfg, Options{})
 	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
+}
+
+func TestInstanceResourcesAndStartup(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+node: {name: a}
+roles:
+  big: {port: 1, instance: {image: vllm:local, port: 8000, gpus: all, shm_size: 8g, memory: 32g, cpus: 4.5, startup_timeout: 15m}}
+  ids: {port: 2, instance: {image: x, port: 8000, gpus: [0, GPU-3a1b]}}
+  two: {port: 3, instance: {image: x, port: 8000, gpus: 2}}
+  none: {port: 4, instance: {image: x, port: 8000}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.desiredInstances()
+	want := map[string]*provision.Resources{
+		"big":  {GPUs: "all", ShmSize: 8 << 30, Memory: 32 << 30, NanoCPUs: 4_500_000_000},
+		"ids":  {GPUs: "0,GPU-3a1b"},
+		"two":  {GPUs: "2"},
+		"none": nil,
+	}
+	for role, w := range want {
+		if got := d[role].Resources; !reflect.DeepEqual(got, w) {
+			t.Errorf("%s: resources = %+v, want %+v", role, got, w)
+		}
+	}
+	if got := d["big"].StartTimeout; got != 15*time.Minute {
+		t.Errorf("big: start timeout = %v, want 15m", got)
+	}
+	if got := d["none"].StartTimeout; got != 2*time.Minute {
+		t.Errorf("none: start timeout = %v, want the 2m default", got)
+	}
 }

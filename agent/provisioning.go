@@ -31,6 +31,10 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 		for _, m := range in.Mounts {
 			mounts = append(mounts, provision.Mount{HostPath: m.Host, ContainerPath: m.Container, ReadOnly: m.ReadOnly})
 		}
+		var res *provision.Resources
+		if in.GPUs != "" || in.ShmSize != 0 || in.Memory != 0 || in.CPUs != 0 {
+			res = &provision.Resources{GPUs: string(in.GPUs), ShmSize: int64(in.ShmSize), Memory: int64(in.Memory), NanoCPUs: int64(in.CPUs * 1e9)}
+		}
 		out[name] = provision.InstanceSpec{
 			Image:   in.Image,
 			Command: in.Command,
@@ -42,6 +46,9 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 			Model:   r.Model,
 			Runtime: in.Runtime,
 			Restart: provision.RestartPolicy{Max: in.Restart.Max, Window: in.Restart.Window, Backoff: in.Restart.Backoff},
+
+			Resources:    res,
+			StartTimeout: in.StartupTimeout,
 		}
 	}
 	return out

@@ -139,3 +139,24 @@ func TestManagerNativeRoleRemoved(t *testing.T) {
 		t.Errorf("intents left: %v", in)
 	}
 }
+
+// TestManagerStartTimeoutPerInstance: an instance that never answers its
+// health path is restarted after its own start-up timeout, not the
+// manager's ReadyTimeout (20s here).
+func TestManagerStartTimeoutPerInstance(t *testing.T) {
+	e := newNativeEnv(t)
+	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
+	spec := nativeInstanceSpec(t, testnet.TCPPort(t, "127.0.0.1"))
+	spec.Health = "/no-such-path" // the demo answers 404: never ready
+	spec.StartTimeout = time.Second
+	nm.apply(map[string]InstanceSpec{"chat": spec})
+	st := nm.waitInstance("chat", "restarted for its start-up timeout", func(s InstanceStatus, ok bool) bool {
+		return ok && s.Restarts >= 1
+	})
+	if !nm.hasEvent(EventInstanceStopped, "no answer on /no-such-path for 1s") && !strings.Contains(st.LastError, "for 1s") {
+		t.Errorf("instance = %+v; want it restarted for no answer within its 1s start-up timeout", st)
+	}
+	if err := nm.m.Apply(context.Background(), map[string]InstanceSpec{"chat": {Runtime: RuntimeNative, Command: spec.Command, Port: spec.Port, StartTimeout: -time.Second}}); err == nil {
+		t.Error("Apply took a negative start timeout")
+	}
+}
