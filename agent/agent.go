@@ -133,6 +133,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
 		Observer:        a.metrics,
+		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {

@@ -66,6 +66,11 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			return
 		}
 		cands := p.cfg.Resolver.Resolve(role)
+		if len(cands) == 0 && p.pinned(role, asked) {
+			buf.release()
+			fail(w, errNoInstance(role))
+			return
+		}
 		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
 			buf.release()
 			fail(w, errModelNotFound(decodeModel(asked), role))
@@ -98,6 +103,15 @@ func (p *Proxy) readModelRequest(r *http.Request, dflt []byte) (*bodyBuf, []byte
 		return buf, dflt, nil
 	}
 	return buf, bytes.Clone(buf.b[ms:me]), nil
+}
+
+// pinned reports whether lit names role's pinned model (PinnedModel).
+func (p *Proxy) pinned(role string, lit []byte) bool {
+	if p.cfg.PinnedModel == nil {
+		return false
+	}
+	m := p.cfg.PinnedModel(role)
+	return m != "" && decodeModel(lit) == m
 }
 
 // modelKnown reports whether lit names the model of one of the candidates.

@@ -74,6 +74,11 @@ type Config struct {
 	MaxIdleConnsPerUpstream int
 	// Observer receives per-request measurements. Nil: none.
 	Observer Observer
+	// PinnedModel names the model role's own instance serves (the config's
+	// roles.<r>.model), known even while no candidate is: a request for it
+	// then gets 503 with Retry-After (the instance is coming back), not
+	// 404. Nil or "": only the role name is known without candidates.
+	PinnedModel func(role string) string
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
 }
