@@ -125,6 +125,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	var accessLog *zap.Logger
+	if cfg.Proxy.AccessLogOn() {
+		accessLog = a.log.Named("access")
+	}
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -134,6 +138,9 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
 		Observer:        a.metrics,
 		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
+		NodeName:        cfg.Node.Name,
+		AccessLog:       accessLog,
+		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {

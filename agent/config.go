@@ -148,6 +148,24 @@ type ProxyConfig struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// HealthInterval is how often static upstreams are probed. Default 2s.
 	HealthInterval time.Duration `yaml:"health_interval"`
+	// AccessLog logs one line per request (logger "access", level info):
+	// request id, source, role, model, the node that served it, status,
+	// duration, time to first byte, bytes. Default true.
+	AccessLog *bool `yaml:"access_log"`
+	// AccessLogSample is the fraction of successful requests logged;
+	// errors and aborted streams always are. Default 1.
+	AccessLogSample *float64 `yaml:"access_log_sample"`
+}
+
+// AccessLogOn reports whether the access log is on (the default).
+func (p ProxyConfig) AccessLogOn() bool { return p.AccessLog == nil || *p.AccessLog }
+
+// AccessLogSkip is the fraction of successful requests left out.
+func (p ProxyConfig) AccessLogSkip() float64 {
+	if p.AccessLogSample == nil {
+		return 0
+	}
+	return 1 - *p.AccessLogSample
 }
 
 // RoleConfig is one `infer.<role>`.
@@ -511,6 +529,9 @@ func (p *ProxyConfig) validate() error {
 		if f.d < 0 {
 			return fieldErr(f.name, "%v is negative", f.d)
 		}
+	}
+	if s := p.AccessLogSample; s != nil && (*s < 0 || *s > 1) {
+		return fieldErr("proxy.access_log_sample", "%v is not a fraction from 0 to 1", *s)
 	}
 	p.ShutdownTimeout = cmp.Or(p.ShutdownTimeout, defaultShutdown)
 	p.HealthInterval = cmp.Or(p.HealthInterval, defaultHealthPeriod)

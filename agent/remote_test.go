@@ -47,6 +47,7 @@ type testUpstream struct {
 	cancelled atomic.Int32 // requests whose context ended before the handler finished
 	mu        sync.Mutex
 	models    []string // the model field of every request body
+	ids       []string // the X-Request-Id of every request
 	stop      func()
 }
 
@@ -73,6 +74,7 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			_ = json.Unmarshal(body, &m)
 			u.mu.Lock()
 			u.models = append(u.models, m.Model)
+			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
@@ -706,5 +708,39 @@ func TestRouteHintsANearRoleName(t *testing.T) {
 	}
 	if _, err := be.Route(context.Background(), "chats"); err == nil || strings.Contains(err.Error(), "did you mean") {
 		t.Errorf("route chats = %v; want not found, with no hint for the name itself", err)
+	}
+}
+
+// TestRequestIDAndServedByAcrossTheMesh: a request served by a peer keeps
+// one id on both hops (the app's, or the one a makes), and the response
+// names the peer that served it.
+func TestRequestIDAndServedByAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	for i, sent := range []string{"app-trace-42", ""} {
+		req, _ := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
+			strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+		if sent != "" {
+			req.Header.Set(proxy.RequestIDHeader, sent)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		id := resp.Header.Get(proxy.RequestIDHeader)
+		ub.mu.Lock()
+		seen := ub.ids[i]
+		ub.mu.Unlock()
+		if resp.StatusCode != 200 || id == "" || id != seen || (sent != "" && id != sent) {
+			t.Errorf("request %d: status %d, response id %q, b's instance saw %q, app sent %q", i, resp.StatusCode, id, seen, sent)
+		}
+		if by := resp.Header.Get(proxy.ServedByHeader); by != "b" {
+			t.Errorf("request %d: %s = %q, want b", i, proxy.ServedByHeader, by)
+		}
 	}
 }

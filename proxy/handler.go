@@ -65,6 +65,7 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cands := p.cfg.Resolver.Resolve(role)
 		if len(cands) == 0 && p.pinned(role, asked) {
 			buf.release()
@@ -135,7 +136,7 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
 			WriteError(w, errForbidden("peer identity unknown"))
@@ -172,9 +173,10 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, buf, asked, cand)
-	})
+	}))
 }
 
 // serveModels lists what the port serves: the role name, and the model names

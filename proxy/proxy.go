@@ -79,6 +79,14 @@ type Config struct {
 	// then gets 503 with Retry-After (the instance is coming back), not
 	// 404. Nil or "": only the role name is known without candidates.
 	PinnedModel func(role string) string
+	// NodeName is this node's name, sent in ServedByHeader. "": none.
+	NodeName string
+	// AccessLog receives one line per request (info). Nil: none.
+	AccessLog *zap.Logger
+	// AccessLogSkip is the fraction of successful requests left out of
+	// the access log (errors and aborted streams are always in it).
+	// Default 0: every request.
+	AccessLogSkip float64
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
 }
@@ -115,6 +123,9 @@ func (c *Config) fill() error {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	if c.AccessLogSkip < 0 || c.AccessLogSkip > 1 {
+		return fmt.Errorf("proxy config: AccessLogSkip %v is not within 0 and 1", c.AccessLogSkip)
 	}
 	return nil
 }
@@ -187,7 +198,7 @@ func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("role %q: %w", role, err)
 	}
 	rs := &roleServer{role: role, ln: ln, done: make(chan struct{})}
-	rs.srv = newH1Server(p.RoleHandler(role), h1Config{
+	rs.srv = newH1Server(p.traced(role, sourceApp, p.RoleHandler(role)), h1Config{
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
