@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -186,6 +187,9 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 // Audit returns the agent's audit log.
 func (a *Agent) Audit() *Auditor { return a.audit }
 
+// SharedAddr returns the bound address of proxy.listen.
+func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
+
 // RoleAddr returns the bound loopback address of a role's port.
 func (a *Agent) RoleAddr(role string) (net.Addr, bool) {
 	a.mu.Lock()
@@ -319,6 +323,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		port := uint16(addr.(*net.TCPAddr).Port)
 		a.table.SetProxyPort(name, port)
 		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
+	}
+	if l := a.cfg.Proxy.Listen; l != "" {
+		addr, err := a.proxy.ListenShared(l, func() []string { return slices.Clone(roles) })
+		if err != nil {
+			_ = a.proxy.Shutdown(context.Background())
+			return fmt.Errorf("proxy.listen: %w", err)
+		}
+		a.log.Info("shared port listening: every role, routed by model", zap.String("addr", addr.String()))
 	}
 
 	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, DisableCompression: true}}

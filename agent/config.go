@@ -137,6 +137,10 @@ type AdminConfig struct {
 
 // ProxyConfig tunes the loopback proxy.
 type ProxyConfig struct {
+	// Listen is an optional loopback host:port serving every role at once:
+	// a request goes to the role its model names (a role, or a model an
+	// instance of a role serves). The role ports stay.
+	Listen string `yaml:"listen"`
 	// MaxBodyBytes limits request bodies. Default 16 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ConnectTimeout bounds connecting to an instance or peer. Default 2s.
@@ -387,6 +391,14 @@ func (c *Config) Validate() error {
 		return err
 	}
 	ports := map[int]string{}
+	if c.Proxy.Listen != "" {
+		if !loopbackHostPort(c.Proxy.Listen) {
+			return fieldErr("proxy.listen", "%q is not a loopback host:port", c.Proxy.Listen)
+		}
+		_, p, _ := net.SplitHostPort(c.Proxy.Listen)
+		n, _ := strconv.Atoi(p)
+		ports[n] = "proxy.listen"
+	}
 	names := make([]string, 0, len(c.Roles))
 	for name := range c.Roles {
 		names = append(names, name)
@@ -405,6 +417,9 @@ func (c *Config) Validate() error {
 			return fieldErr(f+".port", "%d is not a port (1-65535)", r.Port)
 		}
 		if other, dup := ports[r.Port]; dup {
+			if other == "proxy.listen" {
+				return fieldErr(f+".port", "%d is already used by proxy.listen", r.Port)
+			}
 			return fieldErr(f+".port", "%d is already used by role %q", r.Port, other)
 		}
 		ports[r.Port] = name

@@ -118,6 +118,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"nested duration without unit", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, restart: {backoff: 2}}}\n", "roles.c.instance.restart.backoff: 2 has no unit"},
 		{"role port required", "node: {name: a}\nroles:\n  chat: {upstream: 'http://127.0.0.1:80'}\n", "roles.chat.port: is required"},
 		{"instance port required", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x}}\n", "roles.chat.instance.port: is required"},
+		{"shared port off loopback", "node: {name: a}\nproxy: {listen: '0.0.0.0:8080'}\n", "proxy.listen"},
+		{"shared port is a role port", "node: {name: a}\nproxy: {listen: '127.0.0.1:8080'}\nroles:\n  chat: {port: 8080}\n", "roles.chat.port: 8080 is already used by proxy.listen"},
 		{"bad gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: some}}\n", `gpus "some" is not all, a count or a list of device ids`},
 		{"zero gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: 0}}\n", `gpus "0"`},
 		{"bad size", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, shm_size: lots}}\n", `"lots" is not a size`},

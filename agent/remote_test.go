@@ -113,6 +113,7 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
+	shared  map[string]bool // nodes that also serve proxy.listen (any free port)
 }
 
 type meshNode struct {
@@ -217,6 +218,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for role, r := range cfg.Roles {
 		r.Port = 0 // any free loopback port; RoleAddr tells which
 		cfg.Roles[role] = r
+	}
+	if tm.shared[name] {
+		cfg.Proxy.Listen = n.ip + ":0"
 	}
 	a, err := New(cfg, Options{
 		MeshTuning: func(c *mesh.Config) {
@@ -741,6 +745,53 @@ func TestRequestIDAndServedByAcrossTheMesh(t *testing.T) {
 		}
 		if by := resp.Header.Get(proxy.ServedByHeader); by != "b" {
 			t.Errorf("request %d: %s = %q, want b", i, proxy.ServedByHeader, by)
+		}
+	}
+}
+
+// TestSharedPortAcrossTheMesh: a's shared port lists what a can reach now
+// (its own role and b's, within the allowlists), and routes a request for
+// b's model to b.
+func TestSharedPortAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	tm.shared = map[string]bool{"a": true}
+	ua := startUpstream(t, "model-a", 0)
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{
+		"embed": {upstream: ua, model: "model-a"},
+		"chat":  {acceptFrom: []string{"b"}},
+	}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	waitFor(t, "a's embed instance is up", func() bool { return len(a.agent.Table().Resolve("embed")) > 0 })
+	addr, ok := a.agent.SharedAddr()
+	if !ok {
+		t.Fatal("no shared port")
+	}
+	base := "http://" + addr.String()
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Data []struct{ ID string } }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if got, want := strings.Join(ids, ","), "chat,model-b,embed,model-a"; got != want {
+		t.Errorf("shared /v1/models = %s, want %s", got, want)
+	}
+	c := sdkClient(base)
+	for model, up := range map[string]*testUpstream{"model-b": ub, "chat": ub, "model-a": ua, "embed": ua} {
+		before := up.requests.Load()
+		r, err := c.Chat.Completions.New(context.Background(), chatReq(model))
+		if err != nil {
+			t.Fatalf("model %s: %v", model, err)
+		}
+		if r.Model != model || up.requests.Load() != before+1 {
+			t.Errorf("model %s: answered as %q, its instance served %d new requests; want it routed there", model, r.Model, up.requests.Load()-before)
 		}
 	}
 }

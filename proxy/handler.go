@@ -182,6 +182,20 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 // serveModels lists what the port serves: the role name, and the model names
 // of its current candidates as aliases.
 func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string) {
+	ids := []string{role}
+	seen := map[string]bool{role: true}
+	for _, c := range p.cfg.Resolver.Resolve(role) {
+		if c.Model != "" && !seen[c.Model] {
+			seen[c.Model] = true
+			ids = append(ids, c.Model)
+		}
+	}
+	writeModels(w, r, ids, func(id string) *APIError { return errModelNotFound(id, role) })
+}
+
+// writeModels answers GET /v1/models (the list of ids) or
+// /v1/models/{id} (one of them, else notFound(id)).
+func writeModels(w http.ResponseWriter, r *http.Request, ids []string, notFound func(id string) *APIError) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		WriteError(w, errMethod(r.Method))
@@ -192,14 +206,6 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
-	}
-	ids := []string{role}
-	seen := map[string]bool{role: true}
-	for _, c := range p.cfg.Resolver.Resolve(role) {
-		if c.Model != "" && !seen[c.Model] {
-			seen[c.Model] = true
-			ids = append(ids, c.Model)
-		}
 	}
 	data := make([]model, 0, len(ids))
 	for _, id := range ids {
@@ -213,7 +219,7 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 				return
 			}
 		}
-		WriteError(w, errModelNotFound(want, role))
+		WriteError(w, notFound(want))
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
