@@ -187,6 +187,9 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 // Audit returns the agent's audit log.
 func (a *Agent) Audit() *Auditor { return a.audit }
 
+// roleNames lists the configured roles, sorted.
+func (a *Agent) roleNames() []string { return sortedKeys(a.cfg.Roles) }
+
 // SharedAddr returns the bound address of proxy.listen.
 func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
 

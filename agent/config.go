@@ -126,8 +126,13 @@ type AdminConfig struct {
 	// Group may change things through the socket (besides root and the
 	// agent's own user). Others may only read.
 	Group string `yaml:"group"`
-	// Metrics is an optional loopback TCP address serving /metrics.
+	// Metrics is an optional TCP address serving /metrics, /health and
+	// /ready; loopback unless MetricsAllowRemote.
 	Metrics string `yaml:"metrics"`
+	// MetricsAllowRemote lets Metrics bind off loopback, so a central
+	// Prometheus can scrape it. They are served to the network without
+	// authentication: firewall the port. Default false.
+	MetricsAllowRemote bool `yaml:"metrics_allow_remote"`
 	// PublicRead lets every local user connect to the socket (mode 0666,
 	// directory 0755) to read status; changes still need root, the agent's
 	// user or the admin group. Default false: the socket is 0660 and only
@@ -384,8 +389,13 @@ func (c *Config) Validate() error {
 		return err
 	}
 	c.Admin.Socket = cmp.Or(c.Admin.Socket, DefaultAdminSocket)
-	if c.Admin.Metrics != "" && !loopbackHostPort(c.Admin.Metrics) {
-		return fieldErr("admin.metrics", "%q is not a loopback host:port", c.Admin.Metrics)
+	if m := c.Admin.Metrics; m != "" && !loopbackHostPort(m) {
+		if !c.Admin.MetricsAllowRemote {
+			return fieldErr("admin.metrics", "%q is not a loopback host:port; set admin.metrics_allow_remote: true to serve metrics to the network", m)
+		}
+		if _, p, err := net.SplitHostPort(m); err != nil || p == "" {
+			return fieldErr("admin.metrics", "%q is not host:port", m)
+		}
 	}
 	if err := c.Proxy.validate(); err != nil {
 		return err

@@ -149,7 +149,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad authority", "node: {name: a}\ntrust: {authority: 'AAAA'}\n", "trust.authority"},
 		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},
 		{"bad scope", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: k, scope: admin}]}\n", "trust.nodes[0].scope"},
-		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "admin.metrics"},
+		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "set admin.metrics_allow_remote: true"},
+		{"remote metrics not host:port", "node: {name: a}\nadmin: {metrics: 'nope', metrics_allow_remote: true}\n", "admin.metrics"},
 		{"bad node name", "node: {name: '-x'}\n", "node.name"},
 		{"not yaml", "node: [\n", "yaml"},
 		{"unknown runtime", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: futureRuntime, image: x, port: 1}}\n", `roles.chat.instance.runtime: "futureRuntime" is not docker, native or simulated`},
@@ -230,6 +231,13 @@ func TestReferenceConfigStarts(t *testing.T) {
 	}
 	a := runAgent(t, cfg, Options{})
 	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
+}
+
+func TestMetricsOffLoopbackWhenAllowed(t *testing.T) {
+	cfg, err := ParseConfig([]byte("node: {name: a}\nadmin: {metrics: '0.0.0.0:9090', metrics_allow_remote: true}\n"))
+	if err != nil || cfg.Admin.Metrics != "0.0.0.0:9090" {
+		t.Errorf("metrics off loopback with metrics_allow_remote = %v", err)
+	}
 }
 
 func TestInstanceResourcesAndStartup(t *testing.T) {

@@ -186,7 +186,8 @@ func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
 	if !IsLoopbackAddr(addr) {
 		return nil, fmt.Errorf("role %q: listen address %q is not a loopback address", role, addr)
 	}
-	return p.listen(role, addr, p.traced(role, sourceApp, p.RoleHandler(role)))
+	only := []string{role}
+	return p.listen(role, addr, p.ProbeHandler(func() []string { return only }, p.traced(role, sourceApp, p.RoleHandler(role))))
 }
 
 // listen binds addr and serves h on it, as the server of key (a role, or

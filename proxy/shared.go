@@ -30,7 +30,7 @@ func (p *Proxy) ListenShared(addr string, roles func() []string) (net.Addr, erro
 	if !IsLoopbackAddr(addr) {
 		return nil, fmt.Errorf("proxy.listen: %q is not a loopback address", addr)
 	}
-	return p.listen(sharedKey, addr, p.traced("", sourceApp, p.sharedHandler(roles)))
+	return p.listen(sharedKey, addr, p.ProbeHandler(roles, p.traced("", sourceApp, p.sharedHandler(roles))))
 }
 
 // SharedAddr returns the bound address of the shared listener.
