@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -147,6 +148,7 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if p.mgr, err = provision.NewManager(mcfg); err != nil {
 		return nil, err
 	}
+	a.metrics.SetInstances(instanceStats{p.mgr})
 	if err := p.mgr.Apply(ctx, desired); err != nil {
 		return nil, fmt.Errorf("roles: %w", err)
 	}
@@ -228,4 +230,16 @@ func (l *lateInstances) Logs(role string, n int) []provision.LogLine {
 		return m.Logs(role, n)
 	}
 	return nil
+}
+
+// instanceStats adapts the instance manager to the metrics.
+type instanceStats struct{ m *provision.Manager }
+
+func (s instanceStats) InstanceStats() []metrics.InstanceStat {
+	list := s.m.Instances()
+	out := make([]metrics.InstanceStat, 0, len(list))
+	for _, i := range list {
+		out = append(out, metrics.InstanceStat{Role: i.Role, State: string(i.State), Restarts: i.Restarts})
+	}
+	return out
 }
