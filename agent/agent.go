@@ -370,9 +370,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.prov = prov
 		a.mu.Unlock()
 		defer prov.close()
+		mgrDone := make(chan struct{})
+		// Runs before prov.close: the instances configured to stop with
+		// the agent are stopped once their supervisors have ended.
+		defer a.stopWithAgent(prov.mgr, mgrDone)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
+			defer close(mgrDone)
 			if err := prov.mgr.Run(runCtx); err != nil {
 				a.log.Error("instance manager stopped", zap.Error(err))
 			}

@@ -223,6 +223,10 @@ type InstanceConfig struct {
 	Memory ByteSize `yaml:"memory"`
 	// CPUs limits the container's CPU time (docker), e.g. 4 or 0.5.
 	CPUs float64 `yaml:"cpus"`
+	// StopWithAgent stops the instance when the agent stops. Default
+	// false: instances outlive the agent (a restart or an upgrade adopts
+	// them without a gap); `infermesh instances stop ROLE` stops one.
+	StopWithAgent bool `yaml:"stop_with_agent"`
 	// StartupTimeout is how long the server may take to answer Health
 	// after it starts (loading a large model can take minutes) before it is
 	// restarted. Default 2m.
@@ -606,6 +610,7 @@ func (in *InstanceConfig) validate(f string) error {
 			unused("image", in.Image != ""), unused("command", in.Command != ""), unused("args", len(in.Args) > 0),
 			unused("env", len(in.Env) > 0), unused("port", in.Port != 0), unused("mounts", len(in.Mounts) > 0),
 			unused("gpus", in.GPUs != ""), unused("shm_size", in.ShmSize != 0), unused("memory", in.Memory != 0), unused("cpus", in.CPUs != 0),
+			unused("stop_with_agent", in.StopWithAgent),
 		} {
 			if e != nil {
 				return e

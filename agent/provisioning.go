@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
@@ -225,6 +226,13 @@ func (l *lateInstances) Retry(role string) error {
 	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
 }
 
+func (l *lateInstances) Stop(ctx context.Context, role string) error {
+	if m := l.m.Load(); m != nil {
+		return m.Stop(ctx, role)
+	}
+	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
+}
+
 func (l *lateInstances) Logs(role string, n int) []provision.LogLine {
 	if m := l.m.Load(); m != nil {
 		return m.Logs(role, n)
@@ -243,3 +251,30 @@ func (s instanceStats) InstanceStats() []metrics.InstanceStat {
 	}
 	return out
 }
+
+// stopWithAgent stops the instances of the roles configured with
+// stop_with_agent, once the manager (done) has ended: instances outlive the
+// agent otherwise, and the next agent adopts them.
+func (a *Agent) stopWithAgent(m *provision.Manager, done <-chan struct{}) {
+	var roles []string
+	for _, name := range sortedKeys(a.cfg.Roles) {
+		if in := a.cfg.Roles[name].Instance; in != nil && in.StopWithAgent {
+			roles = append(roles, name)
+		}
+	}
+	if len(roles) == 0 {
+		return
+	}
+	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), stopWithAgentTimeout)
+	defer cancel()
+	if err := m.Halt(ctx, roles...); err != nil {
+		a.log.Error("stopping instances with the agent", zap.Strings("roles", roles), zap.Error(err))
+		return
+	}
+	a.log.Info("stopped instances with the agent (stop_with_agent)", zap.Strings("roles", roles))
+}
+
+// stopWithAgentTimeout bounds stopping instances at shutdown; within the
+// unit's TimeoutStopSec with the proxy's drain.
+const stopWithAgentTimeout = 10 * time.Second

@@ -569,11 +569,10 @@ var (
 // its policy.
 func (m *Manager) Retry(role string) error {
 	m.mu.Lock()
-	in := m.instances[role]
-	_, desired := m.desired[role]
-	if in == nil || !desired || in.removing {
+	in, err := m.supervisedLocked(role)
+	if err != nil {
 		m.mu.Unlock()
-		return fmt.Errorf("role %q: %w", role, ErrNoInstance)
+		return err
 	}
 	if st := in.status().State; st != StateFailed {
 		m.mu.Unlock()
@@ -585,6 +584,17 @@ func (m *Manager) Retry(role string) error {
 	m.log.Info("retrying failed instance", zap.String("role", role))
 	m.poke()
 	return nil
+}
+
+// supervisedLocked returns role's instance when the role is desired and
+// not being removed, else ErrNoInstance. m.mu is held.
+func (m *Manager) supervisedLocked(role string) (*instance, error) {
+	in := m.instances[role]
+	_, desired := m.desired[role]
+	if in == nil || !desired || in.removing {
+		return nil, fmt.Errorf("role %q: %w", role, ErrNoInstance)
+	}
+	return in, nil
 }
 
 // Instance returns one role's status.

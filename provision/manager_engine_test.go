@@ -95,7 +95,11 @@ func startManager(t *testing.T, dbPath string, providers map[string]InstanceProv
 
 // stop ends the manager (instances keep running), closes the providers
 // and the store. Idempotent.
-func (r *mgrRun) stop() {
+func (r *mgrRun) stop() { r.stopThen(nil) }
+
+// stopThen ends the manager, runs then (the manager's Run has returned,
+// its providers and store are still open), then closes them. Idempotent.
+func (r *mgrRun) stopThen(then func()) {
 	if r.cancel == nil {
 		return
 	}
@@ -108,6 +112,9 @@ func (r *mgrRun) stop() {
 		}
 	case <-time.After(30 * time.Second):
 		r.t.Errorf("Run did not return after cancel")
+	}
+	if then != nil {
+		then()
 	}
 	r.closeP()
 	r.db.Close()

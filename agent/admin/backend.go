@@ -58,6 +58,9 @@ type Backend interface {
 	// restart policy; ErrNotFound without one, ErrConflict when it has not
 	// failed.
 	RetryInstance(ctx context.Context, by Caller, role string) (Instance, error)
+	// StopInstance stops role's instance and keeps it stopped until
+	// RetryInstance; ErrNotFound without one.
+	StopInstance(ctx context.Context, by Caller, role string) (Instance, error)
 }
 
 // Errors a Backend wraps so the client learns what happened; the client

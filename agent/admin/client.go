@@ -235,6 +235,11 @@ func (c *Client) InstanceLogs(ctx context.Context, role string, n int) ([]LogLin
 	return get[[]LogLine](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/logs?n="+strconv.Itoa(n))
 }
 
+// StopInstance is POST /v0/instances/{role}/stop.
+func (c *Client) StopInstance(ctx context.Context, role string) (Instance, error) {
+	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/stop", struct{}{})
+}
+
 // RetryInstance is POST /v0/instances/{role}/retry.
 func (c *Client) RetryInstance(ctx context.Context, role string) (Instance, error) {
 	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/retry", struct{}{})

@@ -193,6 +193,9 @@ func (s *Server) routes() http.Handler {
 		}
 		reply(w, r, func(ctx context.Context) ([]LogLine, error) { return b.InstanceLogs(ctx, r.PathValue("role"), n) })
 	})
+	write("/v0/instances/{role}/stop", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		reply(w, r, func(ctx context.Context) (Instance, error) { return b.StopInstance(ctx, c, r.PathValue("role")) })
+	})
 	write("/v0/instances/{role}/retry", func(w http.ResponseWriter, r *http.Request, c Caller) {
 		reply(w, r, func(ctx context.Context) (Instance, error) { return b.RetryInstance(ctx, c, r.PathValue("role")) })
 	})

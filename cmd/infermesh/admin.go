@@ -348,7 +348,17 @@ func newInstancesCmd(a *app) *cobra.Command {
 			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
 		},
 	}
-	cmd.AddCommand(logs, retry)
+	stop := &cobra.Command{
+		Use:   "stop ROLE",
+		Short: "Stop a role's instance and keep it stopped until 'instances retry' (instances outlive the agent otherwise)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Instance, error) {
+				return c.StopInstance(ctx, args[0])
+			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
+		},
+	}
+	cmd.AddCommand(logs, retry, stop)
 	return cmd
 }
 

@@ -107,6 +107,7 @@ func TestGoldenOutput(t *testing.T) {
 		{"reload", []string{"reload"}},
 		{"instances", []string{"instances"}},
 		{"instance-logs", []string{"instances", "logs", "embed", "-n", "5"}},
+		{"instance-stop", []string{"instances", "stop", "embed"}},
 	}
 	for _, tt := range tests {
 		for _, asJSON := range []bool{false, true} {

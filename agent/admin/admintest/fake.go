@@ -243,6 +243,17 @@ func (f *Fake) Instances(context.Context) ([]admin.Instance, error) {
 	}, nil
 }
 
+// StopInstance implements admin.Backend: embed stops, anything else has no
+// instance.
+func (f *Fake) StopInstance(_ context.Context, by admin.Caller, role string) (admin.Instance, error) {
+	if role != "embed" {
+		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	}
+	f.record(by, "instance-stop %s", role)
+	return admin.Instance{Role: "embed", State: "failed", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
+		LastError: "stopped by the operator; `infermesh instances retry ROLE` starts it again"}, nil
+}
+
 // RetryInstance implements admin.Backend: embed is serving (a conflict),
 // anything else has no instance.
 func (f *Fake) RetryInstance(_ context.Context, _ admin.Caller, role string) (admin.Instance, error) {
