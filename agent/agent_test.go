@@ -13,16 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		bins.Remove()
-		os.Exit(code)
-	}))
+	leakcheck.VerifyTestMain(m, bins.Remove)
 }
 
 // runAgent starts a with cfg and stops it at cleanup.

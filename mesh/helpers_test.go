@@ -13,14 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/placement"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m, nil)
 }
 
 // testCluster holds what the nodes of one test share: a state root, a
