@@ -227,10 +227,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("mesh.quic: %w", err)
 		}
 		defer tr.Close()
+		// The transport outlives the signal: streams peers forwarded to us
+		// drain like our own clients' (shutdownTransport below, after the
+		// proxy's drain). Its context ends only when Run returns.
+		trCtx, trCancel := context.WithCancel(context.WithoutCancel(runCtx))
+		defer trCancel()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.serveTransport(runCtx, tr)
+			a.serveTransport(trCtx, tr)
 		}()
 	}
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
@@ -111,6 +112,8 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
+	// shutdown is proxy.shutdown_timeout of every node (default 2s).
+	shutdown time.Duration
 }
 
 type meshNode struct {
@@ -188,7 +191,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for _, other := range tm.order {
 		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
 	}
-	b.WriteString("proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: 2s}\n")
+	fmt.Fprintf(&b, "proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
