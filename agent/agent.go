@@ -60,6 +60,15 @@ type Options struct {
 	AdminTuning func(*AdminOptions)
 	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
 	NodeTuning func(*NodeOptions)
+	// ResetState starts over with a state store Run would refuse (damaged,
+	// gone while its policy mirror is there, disagreeing with the mirror):
+	// the damaged files are kept aside, the run-time overrides restored
+	// from the mirror when it verifies. infermeshd -reset-state.
+	ResetState bool
+	// NewIdentity lets Run make a new node key where one is missing on a
+	// node that ran before (its state store is there); without it, Run
+	// refuses. infermeshd -new-identity.
+	NewIdentity bool
 }
 
 // DevModel starts an in-process model server for dev mode, serving model
@@ -210,6 +219,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	if err := a.checkIdentity(); err != nil {
+		return err
+	}
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's
 	// admission.
