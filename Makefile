@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick lint clean node-image
+.PHONY: all build run test test-short bench bench-quick lint clean node-image e2e
 
 all: build
 
@@ -23,6 +23,10 @@ node-image:
 ## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
+
+## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
+e2e:
+	$(GO) test -tags e2e -count=1 -timeout 30m -v -run TestClusterFaults ./e2e/
 
 test-short:
 	$(GO) test -count=1 -short ./...
