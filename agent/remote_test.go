@@ -305,7 +305,7 @@ func (n *meshNode) audited(kind, why string) bool {
 // transport to peer, bypassing n's placement.
 func (n *meshNode) sendDirect(t *testing.T, peer, role string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+peer+"/v1/chat/completions",
 		strings.NewReader(`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`))
@@ -491,7 +491,7 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			tc := &tls.Config{Certificates: tt.certs(t), InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}}
 			conn, err := quic.DialAddr(ctx, b.quic, tc, nil)
