@@ -13,6 +13,15 @@
 // An override stays until it is reset (`infermesh policy reset`), even when
 // a later configuration agrees with it, so an operator's decision is never
 // silently undone by an edit of the file.
+//
+// # Damage
+//
+// The store never crashes the agent and never starts it with less policy
+// than it had without saying so (integrity.go, mirror.go): a damaged file
+// is refused with an error naming it (ErrCorrupt), the policy is mirrored
+// in a second file (MirrorFileName) that Open compares with the database
+// (ErrMissing, ErrDiverged), and Options.Reset starts over from the mirror,
+// keeping the damaged files aside.
 package store
 
 import (
