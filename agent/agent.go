@@ -392,7 +392,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.joinMesh(runCtx, m)
+			a.healMesh(runCtx, m, ad.Store().DB())
 		}()
 	}
 

@@ -2,13 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
@@ -113,18 +116,27 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	return m, nil
 }
 
-// joinMesh joins in the background; a permanent refusal is logged loudly
-// (the node keeps serving its local roles).
-func (a *Agent) joinMesh(ctx context.Context, m *mesh.Mesh) {
-	n, err := m.Join(ctx)
-	switch {
-	case err == nil && n > 0:
-		a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"contacts": fmt.Sprint(n)}})
-	case errors.Is(err, mesh.ErrJoinRefused):
-		a.log.Error("the mesh refused this node; serving local roles only", zap.Error(err))
-		a.audit.Record(Event{Kind: "mesh.join.refused", Fields: map[string]string{"why": err.Error()}})
-	case err != nil && ctx.Err() == nil:
-		a.log.Error("joining the mesh failed", zap.Error(err))
+// healMesh joins the mesh and keeps it whole until ctx ends: it contacts
+// the configured join addresses and the peers last seen (kept in the state
+// store, db) whenever they are not live members, with backoff
+// (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
+// node keeps serving its local roles and keeps trying.
+func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB) {
+	var book mesh.PeerBook
+	if db != nil {
+		book = peerBook{db}
+	}
+	var joined atomic.Bool
+	onJoin := func(addr string, members int) {
+		if !joined.Swap(true) {
+			a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"addr": addr, "members": fmt.Sprint(members)}})
+		}
+	}
+	onRefused := func(addr string, err error) {
+		a.audit.Record(Event{Kind: "mesh.join.refused", Fields: map[string]string{"addr": addr, "why": err.Error()}})
+	}
+	if err := m.Heal(ctx, book, onJoin, onRefused); err != nil && !errors.Is(err, mesh.ErrClosed) {
+		a.log.Error("mesh healing stopped", zap.Error(err))
 	}
 }
 
@@ -145,4 +157,55 @@ func (a *Agent) closeMesh(m *mesh.Mesh) {
 	if err := m.Close(); err != nil {
 		a.log.Warn("closing the mesh", zap.Error(err))
 	}
+}
+
+// bucketMeshPeers holds the peers the mesh rejoins after a restart, in the
+// state store: one JSON list under one key (small, bounded by the mesh,
+// written whole).
+var (
+	bucketMeshPeers = []byte("mesh_peers.v1")
+	keyMeshPeers    = []byte("known")
+)
+
+// peerBook is the mesh's list of last-known peers in the state store.
+type peerBook struct{ db *bbolt.DB }
+
+var _ mesh.PeerBook = peerBook{}
+
+// LoadPeers returns the saved peers; none when nothing was saved.
+func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
+	var out []mesh.KnownPeer
+	err := b.db.View(func(tx *bbolt.Tx) error {
+		bk := tx.Bucket(bucketMeshPeers)
+		if bk == nil {
+			return nil
+		}
+		if v := bk.Get(keyMeshPeers); v != nil {
+			return json.Unmarshal(v, &out)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load mesh peers: %w", err)
+	}
+	return out, nil
+}
+
+// SavePeers replaces the saved peers.
+func (b peerBook) SavePeers(peers []mesh.KnownPeer) error {
+	v, err := json.Marshal(peers)
+	if err != nil {
+		return err
+	}
+	err = b.db.Update(func(tx *bbolt.Tx) error {
+		bk, err := tx.CreateBucketIfNotExists(bucketMeshPeers)
+		if err != nil {
+			return err
+		}
+		return bk.Put(keyMeshPeers, v)
+	})
+	if err != nil {
+		return fmt.Errorf("save mesh peers: %w", err)
+	}
+	return nil
 }

@@ -111,6 +111,9 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
+	// joins overrides the node a node's mesh.join names ("": none; the
+	// default is the first node, for every other node).
+	joins map[string]string
 }
 
 type meshNode struct {
@@ -181,7 +184,11 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
 	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
 	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyring)
-	if name != tm.order[0] {
+	if j, ok := tm.joins[name]; ok {
+		if j != "" {
+			fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[j].bind)
+		}
+	} else if name != tm.order[0] {
 		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
 	}
 	b.WriteString("trust:\n  nodes:\n")
@@ -226,6 +233,8 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			c.TCPTimeout = time.Second
 			c.JoinBackoff = 20 * time.Millisecond
 			c.JoinMaxBackoff = 100 * time.Millisecond
+			c.RejoinInterval = 100 * time.Millisecond
+			c.RejoinMaxBackoff = 400 * time.Millisecond
 		},
 		TransportTuning: func(c *mesh.TransportConfig) {
 			c.KeepAlivePeriod = 100 * time.Millisecond
@@ -237,7 +246,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.agent = a
+	n.agent, n.stopped = a, false
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- a.Run(ctx) }()

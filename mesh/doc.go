@@ -18,6 +18,17 @@
 // admitted, belongs to another cluster, or claims a name or key a live node
 // already has. Join retries with backoff; ErrJoinRefused is permanent.
 //
+// # Healing
+//
+// memberlist gossips and push/pulls only with members it believes alive,
+// so two sides that declared each other dead, or a restarted node given no
+// join address, stay apart. Heal keeps the mesh whole, like Consul's
+// retry_join and serf's reconnect: it contacts every configured join
+// address and every peer seen (a PeerBook keeps them across restarts)
+// that is not a live member, each on its own doubling backoff
+// (RejoinInterval to RejoinMaxBackoff), and forgets a peer not seen for
+// ReconnectTimeout. JoinNow contacts addresses at once and keeps them.
+//
 // # Admission
 //
 // A node is admitted when the trust configuration (TrustConfig) vouches for

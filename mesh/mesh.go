@@ -73,6 +73,8 @@ type Mesh struct {
 
 	keyringMu sync.Mutex // serializes keyring changes and their file writes
 
+	heal healer // Heal's rejoin targets
+
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -114,6 +116,7 @@ func New(cfg Config) (*Mesh, error) {
 		departed: map[string]*peer{},
 		removed:  map[string]bool{},
 	}
+	m.heal.targets = map[string]*rejoinTarget{}
 	if created {
 		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeKey(m.pub)))
 	}
@@ -199,6 +202,13 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Merge = (*mergeDelegate)(m)
 	mc.Conflict = (*conflictDelegate)(m)
 	mc.Logger = log.New(zapWriter{m.log.Named("memberlist")}, "", 0)
+	if c.WrapTransport != nil {
+		nt, err := newNetTransport(mc)
+		if err != nil {
+			return nil, err
+		}
+		mc.Transport = c.WrapTransport(nt)
+	}
 	return mc, nil
 }
 
