@@ -412,8 +412,10 @@ func TestRemoteRefusals(t *testing.T) {
 	}{
 		{"a has not allowed b", setup{aAccepts: nil, bExpose: true, bServeTo: []string{"a"}}, false,
 			http.StatusServiceUnavailable, "", placement.ReasonNotAllowlisted},
+		// b's refusal is a failure before the first byte: with no other
+		// candidate, a answers that nothing serves the role to it.
 		{"b does not serve the role to a", setup{aAccepts: []string{"b"}, bExpose: true, bServeTo: []string{"c"}}, true,
-			http.StatusNotFound, placement.ReasonNotOnServeList, ""},
+			http.StatusServiceUnavailable, placement.ReasonNotOnServeList, ""},
 		{"b does not expose the role", setup{aAccepts: []string{"b"}, bExpose: false}, false,
 			http.StatusServiceUnavailable, placement.ReasonNotExposed, ""},
 	}
