@@ -155,6 +155,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 		t0 := time.Now()
 		switch c.Kind {
 		case placement.KindLocal:
+			// Counted until forward returns: the response, streamed or
+			// not, is relayed before that.
+			defer p.busy.add(role)()
 			resp, err = p.roundTripLocal(r, body, c)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
