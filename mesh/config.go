@@ -122,6 +122,12 @@ type Config struct {
 	// ReconnectTimeout is how long Heal keeps contacting a known peer not
 	// seen since. Default DefaultReconnectTimeout.
 	ReconnectTimeout time.Duration
+	// ConfirmTimeout bounds one QUIC confirmation of a peer that gossip
+	// says is gone (see SetConfirmer); ConfirmInterval is how often a peer
+	// that answered is asked again while gossip still says it is gone.
+	// Defaults DefaultConfirmTimeout and DefaultConfirmInterval.
+	ConfirmTimeout  time.Duration
+	ConfirmInterval time.Duration
 	// WrapTransport, when set, wraps memberlist's UDP/TCP transport (bound
 	// on BindAddr as usual): fault injection in tests (partitions). Nil:
 	// memberlist's own transport, unwrapped.
@@ -161,6 +167,8 @@ func DefaultConfig() Config {
 		RejoinInterval:   DefaultRejoinInterval,
 		RejoinMaxBackoff: DefaultRejoinMaxBackoff,
 		ReconnectTimeout: DefaultReconnectTimeout,
+		ConfirmTimeout:   DefaultConfirmTimeout,
+		ConfirmInterval:  DefaultConfirmInterval,
 	}
 }
 
@@ -181,6 +189,8 @@ func (c Config) withDefaults() (Config, error) {
 	c.RejoinInterval = cmp.Or(c.RejoinInterval, d.RejoinInterval)
 	c.RejoinMaxBackoff = cmp.Or(c.RejoinMaxBackoff, d.RejoinMaxBackoff)
 	c.ReconnectTimeout = cmp.Or(c.ReconnectTimeout, d.ReconnectTimeout)
+	c.ConfirmTimeout = cmp.Or(c.ConfirmTimeout, d.ConfirmTimeout)
+	c.ConfirmInterval = cmp.Or(c.ConfirmInterval, d.ConfirmInterval)
 	c.SuspicionMult = cmp.Or(c.SuspicionMult, d.SuspicionMult)
 	c.RetransmitMult = cmp.Or(c.RetransmitMult, d.RetransmitMult)
 	if c.Logger == nil {
@@ -227,6 +237,7 @@ func (c Config) withDefaults() (Config, error) {
 		namedDuration{"JoinBackoff", c.JoinBackoff}, namedDuration{"JoinMaxBackoff", c.JoinMaxBackoff},
 		namedDuration{"RejoinInterval", c.RejoinInterval}, namedDuration{"RejoinMaxBackoff", c.RejoinMaxBackoff},
 		namedDuration{"ReconnectTimeout", c.ReconnectTimeout},
+		namedDuration{"ConfirmTimeout", c.ConfirmTimeout}, namedDuration{"ConfirmInterval", c.ConfirmInterval},
 	); err != nil {
 		return c, err
 	}

@@ -29,6 +29,16 @@
 // (RejoinInterval to RejoinMaxBackoff), and forgets a peer not seen for
 // ReconnectTimeout. JoinNow contacts addresses at once and keeps them.
 //
+// # Confirmed deaths
+//
+// Any holder of the gossip key can tell memberlist that a peer is dead.
+// With a Confirmer (SetConfirmer: the Transport), gossip saying a peer left
+// or died is checked over QUIC, where the peer's key is pinned, before its
+// adverts are forgotten: a peer that answers and is not leaving (Leave makes
+// the probe say so) keeps them, the false death is audited
+// (AuditPeerDeathRefuted) and counted (false_death), and the peer is asked
+// again every ConfirmInterval while gossip keeps calling it gone.
+//
 // # Admission
 //
 // A node is admitted when the trust configuration (TrustConfig) vouches for

@@ -75,6 +75,13 @@ type Mesh struct {
 
 	heal healer // Heal's rejoin targets
 
+	confirmer atomic.Pointer[Confirmer] // confirms gossip deaths over QUIC; nil: gossip decides
+	leaving   atomic.Bool               // Leave was called
+
+	// spawnMu orders spawn's wg.Add before Close's wg.Wait.
+	spawnMu     sync.Mutex
+	spawnClosed bool
+
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -274,6 +281,7 @@ func (m *Mesh) JoinAddrs(ctx context.Context, addrs []string) (int, error) {
 // Leave tells the other members we are leaving (they forget our adverts at
 // once) and waits up to timeout for the message to spread. Call Close after.
 func (m *Mesh) Leave(timeout time.Duration) error {
+	m.leaving.Store(true)
 	if err := m.ml.Leave(timeout); err != nil {
 		return fmt.Errorf("leave: %w", err)
 	}
@@ -284,6 +292,9 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 // (peers will declare us dead). It is idempotent.
 func (m *Mesh) Close() error {
 	m.closeOnce.Do(func() {
+		m.spawnMu.Lock()
+		m.spawnClosed = true
+		m.spawnMu.Unlock()
 		m.cancel()
 		if err := m.ml.Shutdown(); err != nil {
 			m.closeErr = fmt.Errorf("memberlist shutdown: %w", err)

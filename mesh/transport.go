@@ -447,6 +447,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "this node does not admit you")
 		return
 	}
+	if r.URL.Path == probePath {
+		t.serveProbe(w)
+		return
+	}
 	if t.cfg.Handler == nil {
 		writePeerError(w, http.StatusNotFound, "not_found_error", "unknown_url", "nothing is served to peers here")
 		return
