@@ -122,20 +122,20 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 // (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
 // node keeps serving its local roles and keeps trying.
 func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB) {
-	var book mesh.PeerBook
+	var o mesh.HealOptions
 	if db != nil {
-		book = peerBook{db}
+		o.Peers, o.Seqs = peerBook{db}, seqBook{db}
 	}
 	var joined atomic.Bool
-	onJoin := func(addr string, members int) {
+	o.OnJoin = func(addr string, members int) {
 		if !joined.Swap(true) {
 			a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"addr": addr, "members": fmt.Sprint(members)}})
 		}
 	}
-	onRefused := func(addr string, err error) {
+	o.OnRefused = func(addr string, err error) {
 		a.audit.Record(Event{Kind: "mesh.join.refused", Fields: map[string]string{"addr": addr, "why": err.Error()}})
 	}
-	if err := m.Heal(ctx, book, onJoin, onRefused); err != nil && !errors.Is(err, mesh.ErrClosed) {
+	if err := m.Heal(ctx, o); err != nil && !errors.Is(err, mesh.ErrClosed) {
 		a.log.Error("mesh healing stopped", zap.Error(err))
 	}
 }
@@ -159,12 +159,15 @@ func (a *Agent) closeMesh(m *mesh.Mesh) {
 	}
 }
 
-// bucketMeshPeers holds the peers the mesh rejoins after a restart, in the
-// state store: one JSON list under one key (small, bounded by the mesh,
-// written whole).
+// The mesh's buckets in the state store, each one JSON value under one key
+// (small, bounded by the mesh, written whole): the peers the mesh rejoins
+// after a restart, and its advert sequence numbers (its own floor, and the
+// high-water marks and advert sets of every origin heard).
 var (
 	bucketMeshPeers = []byte("mesh_peers.v1")
 	keyMeshPeers    = []byte("known")
+	bucketMeshSeqs  = []byte("mesh_seqs.v1")
+	keyMeshSeqs     = []byte("state")
 )
 
 // peerBook is the mesh's list of last-known peers in the state store.
@@ -175,17 +178,7 @@ var _ mesh.PeerBook = peerBook{}
 // LoadPeers returns the saved peers; none when nothing was saved.
 func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
 	var out []mesh.KnownPeer
-	err := b.db.View(func(tx *bbolt.Tx) error {
-		bk := tx.Bucket(bucketMeshPeers)
-		if bk == nil {
-			return nil
-		}
-		if v := bk.Get(keyMeshPeers); v != nil {
-			return json.Unmarshal(v, &out)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := loadJSON(b.db, bucketMeshPeers, keyMeshPeers, &out); err != nil {
 		return nil, fmt.Errorf("load mesh peers: %w", err)
 	}
 	return out, nil
@@ -193,19 +186,60 @@ func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
 
 // SavePeers replaces the saved peers.
 func (b peerBook) SavePeers(peers []mesh.KnownPeer) error {
-	v, err := json.Marshal(peers)
-	if err != nil {
-		return err
-	}
-	err = b.db.Update(func(tx *bbolt.Tx) error {
-		bk, err := tx.CreateBucketIfNotExists(bucketMeshPeers)
-		if err != nil {
-			return err
-		}
-		return bk.Put(keyMeshPeers, v)
-	})
-	if err != nil {
+	if err := saveJSON(b.db, bucketMeshPeers, keyMeshPeers, peers); err != nil {
 		return fmt.Errorf("save mesh peers: %w", err)
 	}
 	return nil
+}
+
+// seqBook is the mesh's advert sequence state in the state store.
+type seqBook struct{ db *bbolt.DB }
+
+var _ mesh.SeqBook = seqBook{}
+
+// LoadSeqs returns the saved state; the zero state when nothing was saved.
+func (b seqBook) LoadSeqs() (mesh.SeqState, error) {
+	var st mesh.SeqState
+	if err := loadJSON(b.db, bucketMeshSeqs, keyMeshSeqs, &st); err != nil {
+		return mesh.SeqState{}, fmt.Errorf("load advert sequence numbers: %w", err)
+	}
+	return st, nil
+}
+
+// SaveSeqs replaces the saved state.
+func (b seqBook) SaveSeqs(st mesh.SeqState) error {
+	if err := saveJSON(b.db, bucketMeshSeqs, keyMeshSeqs, st); err != nil {
+		return fmt.Errorf("save advert sequence numbers: %w", err)
+	}
+	return nil
+}
+
+// loadJSON decodes the value under key in bucket into v; v is left alone
+// when there is none.
+func loadJSON(db *bbolt.DB, bucket, key []byte, v any) error {
+	return db.View(func(tx *bbolt.Tx) error {
+		bk := tx.Bucket(bucket)
+		if bk == nil {
+			return nil
+		}
+		if b := bk.Get(key); b != nil {
+			return json.Unmarshal(b, v)
+		}
+		return nil
+	})
+}
+
+// saveJSON stores v under key in bucket, creating the bucket.
+func saveJSON(db *bbolt.DB, bucket, key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return db.Update(func(tx *bbolt.Tx) error {
+		bk, err := tx.CreateBucketIfNotExists(bucket)
+		if err != nil {
+			return err
+		}
+		return bk.Put(key, b)
+	})
 }

@@ -62,6 +62,31 @@ func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Trans
 	return tr
 }
 
+// quicPair starts a and b, each with a QUIC transport (confirming gossip
+// deaths when confirm is set); b serves chat, which a accepts.
+func quicPair(t *testing.T, confirm bool) (a, b *testNode) {
+	t.Helper()
+	c := newTestCluster(t)
+	var pcs []net.PacketConn
+	c.tweak = func(cfg *Config) {
+		pc, err := net.ListenPacket("udp", cfg.BindAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		pcs = append(pcs, pc)
+		cfg.QUICAddr = pc.LocalAddr().String()
+	}
+	a, b = c.node("a"), c.node("b")
+	a.tab.AllowRemoteNode("chat", "b", true)
+	b.serve(t, "chat", "m")
+	b.join(t, a)
+	quicNode(t, a, pcs[0], confirm)
+	quicNode(t, b, pcs[1], confirm)
+	eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	return a, b
+}
+
 // TestForgedDeathIsRefutedOverQUIC: a process with no admission at all,
 // holding only the gossip key, tells a that b is dead, again and again.
 // With deaths confirmed over QUIC, a never stops resolving chat to b, and
@@ -71,26 +96,9 @@ func TestForgedDeathIsRefutedOverQUIC(t *testing.T) {
 	for _, confirm := range []bool{true, false} {
 		name := map[bool]string{true: "confirmed over QUIC", false: "gossip alone"}[confirm]
 		t.Run(name, func(t *testing.T) {
-			c := newTestCluster(t)
-			var pcs []net.PacketConn
-			c.tweak = func(cfg *Config) {
-				pc, err := net.ListenPacket("udp", cfg.BindAddr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { pc.Close() })
-				pcs = append(pcs, pc)
-				cfg.QUICAddr = pc.LocalAddr().String()
-			}
-			a, b := c.node("a"), c.node("b")
-			a.tab.AllowRemoteNode("chat", "b", true)
-			b.serve(t, "chat", "m")
-			b.join(t, a)
-			quicNode(t, a, pcs[0], confirm)
-			quicNode(t, b, pcs[1], confirm)
-			eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+			a, _ := quicPair(t, confirm)
 
-			keys, err := identity.LoadKeyring(c.keyring)
+			keys, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,24 +148,7 @@ func TestForgedDeathIsRefutedOverQUIC(t *testing.T) {
 // TestLeaveIsNotRefuted: a peer that leaves answers the probe as leaving,
 // so it is forgotten at once even though its QUIC transport still runs.
 func TestLeaveIsNotRefuted(t *testing.T) {
-	c := newTestCluster(t)
-	var pcs []net.PacketConn
-	c.tweak = func(cfg *Config) {
-		pc, err := net.ListenPacket("udp", cfg.BindAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pc.Close() })
-		pcs = append(pcs, pc)
-		cfg.QUICAddr = pc.LocalAddr().String()
-	}
-	a, b := c.node("a"), c.node("b")
-	a.tab.AllowRemoteNode("chat", "b", true)
-	b.serve(t, "chat", "m")
-	b.join(t, a)
-	quicNode(t, a, pcs[0], true)
-	quicNode(t, b, pcs[1], true)
-	eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, b := quicPair(t, true)
 	if err := b.m.Leave(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -73,17 +73,37 @@ type healer struct {
 	joined  bool // a contact succeeded since Heal started
 }
 
+// HealOptions are Heal's companions; every field may be nil.
+type HealOptions struct {
+	// Peers keeps the peers to rejoin across restarts.
+	Peers PeerBook
+	// Seqs keeps advert sequence numbers across restarts (see SeqState).
+	Seqs SeqBook
+	// OnJoin is called after every successful contact, with the address
+	// and the number of live members.
+	OnJoin func(addr string, members int)
+	// OnRefused is called after a permanent refusal (ErrJoinRefused).
+	OnRefused func(addr string, err error)
+}
+
 // Heal joins the mesh and keeps it whole until ctx ends or the Mesh
 // closes: every RejoinInterval it contacts each configured join address
-// and each known peer (book, may be nil) that is not a live member, each
-// on its own doubling backoff (RejoinInterval up to RejoinMaxBackoff, with
-// jitter). onJoin, if not nil, is called after every successful contact
-// with the address and the number of live members; onRefused after a
-// permanent refusal (ErrJoinRefused). Heal blocks; it returns nil when ctx
-// ends and ErrClosed when the Mesh closes.
-func (m *Mesh) Heal(ctx context.Context, book PeerBook, onJoin func(addr string, members int), onRefused func(addr string, err error)) error {
+// and each known peer that is not a live member, each on its own doubling
+// backoff (RejoinInterval up to RejoinMaxBackoff, with jitter). It also
+// loads and saves the books of o. Heal blocks; it returns nil when ctx ends
+// and ErrClosed when the Mesh closes. Run one Heal per Mesh.
+func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 	h := &m.heal
 	now := time.Now()
+	book, onJoin, onRefused := o.Peers, o.OnJoin, o.OnRefused
+	if o.Seqs != nil {
+		st, err := o.Seqs.LoadSeqs()
+		if err != nil {
+			m.log.Warn("cannot load advert sequence numbers", zap.Error(err))
+		}
+		m.loadSeqs(st)
+		m.saveSeqs(o.Seqs) // reserve our floor before joining
+	}
 	h.mu.Lock()
 	for _, a := range m.cfg.Join {
 		h.addLocked(a, "", true, time.Time{})
@@ -109,6 +129,9 @@ func (m *Mesh) Heal(ctx context.Context, book PeerBook, onJoin func(addr string,
 	lastSave := time.Time{}
 	for {
 		m.healRound(ctx, &wg, onJoin, onRefused)
+		if o.Seqs != nil {
+			m.saveSeqs(o.Seqs)
+		}
 		if book != nil && time.Since(lastSave) >= m.cfg.RejoinInterval {
 			if list, changed := m.knownPeers(); changed {
 				if err := book.SavePeers(list); err != nil {

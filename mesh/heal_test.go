@@ -159,7 +159,7 @@ func (n *testNode) healing(t *testing.T, book PeerBook) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = n.m.Heal(ctx, book, nil, nil)
+		_ = n.m.Heal(ctx, HealOptions{Peers: book})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 }

@@ -52,6 +52,10 @@ type Mesh struct {
 	// ingest, withdrawals, leave and revocation. Lock order: advMu, then mu.
 	advMu   sync.Mutex
 	adverts map[advertKey]*advertRecord
+	origins map[string]*originState // by origin key bytes: sequence and advert set high-water marks
+
+	seqDirty    atomic.Bool // origins changed since saved
+	seqReserved uint64      // our sequence floor as saved; Heal's goroutine only
 
 	// mu guards trust and the peer table.
 	mu    sync.RWMutex
@@ -124,6 +128,7 @@ func New(cfg Config) (*Mesh, error) {
 		removed:  map[string]bool{},
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
+	m.origins = map[string]*originState{}
 	if created {
 		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeKey(m.pub)))
 	}
