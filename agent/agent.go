@@ -330,6 +330,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
 	}
 
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.upkeepPlacement(runCtx)
+	}()
+
 	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, DisableCompression: true}}
 	defer probeClient.CloseIdleConnections()
 	for _, name := range roles {
@@ -409,7 +415,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.joinMesh(runCtx, m)
+			a.healMesh(runCtx, m, ad.Store().DB())
 		}()
 	}
 
