@@ -110,30 +110,30 @@ func emptyLine(line []byte) bool {
 
 // readTrailerSection consumes the trailer section after a chunked body's
 // last chunk (httputil's chunked reader stops before it), discarding it,
-// within max bytes in all: the same bound as the head on that side.
+// within limit bytes in all: the same bound as the head on that side.
+// Its fields are checked as header fields are.
 func readTrailerSection(br *bufio.Reader, limit int) error {
-	total, lineLen := 0, 0
-	var first byte
+	var line []byte
+	total := 0
 	for {
-		frag, err := br.ReadSlice('\n')
-		if lineLen == 0 && len(frag) > 0 {
-			first = frag[0]
-		}
-		lineLen += len(frag)
-		total += len(frag)
+		var err error
+		line, err = appendLine(line[:0], br, limit-total)
+		total += len(line)
 		switch {
-		case total > limit:
+		case err == errLineTooLong:
 			return errors.New("chunked trailer too large")
-		case err == bufio.ErrBufferFull:
-			continue
 		case err == io.EOF:
 			return io.ErrUnexpectedEOF
 		case err != nil:
 			return err
-		case lineLen == 1 || (lineLen == 2 && first == '\r'):
+		case emptyLine(line):
 			return nil
 		}
-		lineLen = 0
+		f := string(bytes.TrimRight(line, "\r\n"))
+		name, value, ok := strings.Cut(f, ":")
+		if !ok || !validToken(name) || !validValue(trimOWS(value)) {
+			return errors.New("malformed chunked trailer field")
+		}
 	}
 }
 
@@ -169,8 +169,11 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 	line, rest := nextLine(s)
 	method, after, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(after, " ")
-	if !ok1 || !ok2 || !validToken(method) || target == "" || !validTarget(target) {
+	if !ok1 || !ok2 || !validToken(method) || target == "" {
 		return nil, badRequest("malformed request line")
+	}
+	if !validTarget(target) {
+		return nil, badRequest("control, space or non-ASCII byte in the request target")
 	}
 	var minor int
 	switch {
@@ -226,6 +229,11 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 			}
 			cl = n
 		case "Transfer-Encoding":
+			if minor == 0 {
+				// RFC 9112 6.1: a coding HTTP/1.0 does not know
+				// (net/http ignores it; the body's end is then unclear).
+				return nil, badRequest("Transfer-Encoding in an HTTP/1.0 request")
+			}
 			if haveTE {
 				return nil, &httpError{status: http.StatusNotImplemented, msg: "unsupported transfer encoding"}
 			}

@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -228,6 +229,14 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	if u.headerTimeout > 0 {
 		_ = uc.nc.SetDeadline(time.Time{})
 	}
+	resp.Body = newUpBody(u, uc, resp, stop)
+	return resp, nil
+}
+
+// newUpBody frames resp's body on uc (RFC 9112 section 6.3) and sets
+// resp.ContentLength to match. stop ends the context watcher; it reports
+// whether it was still armed.
+func newUpBody(u *upstreamClient, uc *upConn, resp *http.Response, stop func() bool) *upBody {
 	b := &upBody{u: u, uc: uc, stop: stop, keep: !resp.Close}
 	switch {
 	case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
@@ -235,22 +244,18 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 		b.mode = framingLength
 	case len(resp.TransferEncoding) > 0:
 		resp.ContentLength = -1
-		if resp.TransferEncoding[len(resp.TransferEncoding)-1] == "chunked" {
-			b.mode = framingChunked
-			b.cr = httputil.NewChunkedReader(uc.br)
-		} else {
-			b.mode, b.keep = framingClose, false
-		}
+		b.mode = framingChunked
+		b.cr = httputil.NewChunkedReader(uc.br)
 	case resp.ContentLength >= 0:
 		b.mode, b.remain = framingLength, resp.ContentLength
 	default:
 		b.mode, b.keep = framingClose, false
+		resp.Close = true // the body ends with the connection
 	}
-	resp.Body = b
 	if b.mode == framingLength && b.remain == 0 {
 		b.finish()
 	}
-	return resp, nil
+	return b
 }
 
 func isTimeout(err error) bool {
@@ -407,7 +412,7 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 	// Status line: HTTP/1.x SP 3DIGIT [SP reason]
 	a, e := trim(0, lineEnd(0))
 	st := s[a:e]
-	if len(st) < 12 || st[:7] != "HTTP/1." || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
+	if len(st) < 12 || st[:7] != "HTTP/1." || st[7] < '0' || st[7] > '9' || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
 		return nil, fmt.Errorf("malformed response status line %q", st)
 	}
 	code, err := strconv.Atoi(st[9:12])
@@ -446,6 +451,9 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		key := textproto.CanonicalMIMEHeaderKey(s[ls:colon])
 		va, vb := trim(colon+1, le)
 		v := s[va:vb]
+		if !validValue(v) {
+			return nil, fmt.Errorf("invalid response header value of %s", key)
+		}
 		switch key {
 		case "Content-Length":
 			n, ok := parseContentLength(v)
@@ -454,9 +462,15 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 			}
 			resp.ContentLength = n
 		case "Transfer-Encoding":
-			for _, te := range splitComma(v) {
-				resp.TransferEncoding = append(resp.TransferEncoding, asciiLower(te))
+			if resp.ProtoMinor == 0 {
+				continue // HTTP/1.0 has no codings: the body ends at close (as net/http)
 			}
+			// Only "chunked", once, as http.ReadResponse: another coding
+			// could only be relayed by reading until the instance closes.
+			if resp.TransferEncoding != nil || !strings.EqualFold(v, "chunked") {
+				return nil, fmt.Errorf("unsupported transfer encoding %q", v)
+			}
+			resp.TransferEncoding = chunkedTE
 			continue // a hop-by-hop framing detail, as http.Transport does
 		case "Connection":
 			for _, f := range splitComma(v) {
