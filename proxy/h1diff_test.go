@@ -45,6 +45,9 @@ var requestStrictness = []string{
 	// RFC 3986: bytes outside printable ASCII are percent-encoded in a
 	// request target; net/http passes them.
 	"non-ASCII byte in the request target",
+	// RFC 9112 3.2: the request target is not empty; ReadRequest reads
+	// an empty one as a CONNECT authority.
+	"empty request target",
 	// The head limit (431): ReadRequest has none.
 	"request header fields too large",
 }

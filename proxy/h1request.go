@@ -169,8 +169,11 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 	line, rest := nextLine(s)
 	method, after, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(after, " ")
-	if !ok1 || !ok2 || !validToken(method) || target == "" {
+	if !ok1 || !ok2 || !validToken(method) {
 		return nil, badRequest("malformed request line")
+	}
+	if target == "" {
+		return nil, badRequest("empty request target")
 	}
 	if !validTarget(target) {
 		return nil, badRequest("control, space or non-ASCII byte in the request target")
