@@ -400,8 +400,16 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		return extra[i-len(lines)]
 	}
 	s := string(block) // one allocation for every key and value
+	// trim drops a line end ("\n" or "\r\n", no more) and the optional
+	// whitespace around s[a:b].
 	trim := func(a, b int) (int, int) {
-		for b > a && (s[b-1] == '\n' || s[b-1] == '\r' || s[b-1] == ' ' || s[b-1] == '\t') {
+		if b > a && s[b-1] == '\n' {
+			b--
+			if b > a && s[b-1] == '\r' {
+				b--
+			}
+		}
+		for b > a && (s[b-1] == ' ' || s[b-1] == '\t') {
 			b--
 		}
 		for a < b && (s[a] == ' ' || s[a] == '\t') {
@@ -410,8 +418,9 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		return a, b
 	}
 	// Status line: HTTP/1.x SP 3DIGIT [SP reason]
-	a, e := trim(0, lineEnd(0))
-	st := s[a:e]
+	// The status line as it is, but for its line end (no trimming:
+	// "200\r " is not a status code).
+	st := strings.TrimSuffix(strings.TrimSuffix(s[:lineEnd(0)], "\n"), "\r")
 	if len(st) < 12 || st[:7] != "HTTP/1." || st[7] < '0' || st[7] > '9' || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
 		return nil, fmt.Errorf("malformed response status line %q", st)
 	}
