@@ -2,7 +2,7 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
 .PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e
