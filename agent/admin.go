@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -55,7 +54,7 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(filepath.Join(a.cfg.Node.StateDir, store.FileName), store.Options{LockTimeout: opts.StoreLockTimeout})
+	st, err := a.openStore(opts.StoreLockTimeout)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err

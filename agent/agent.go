@@ -61,6 +61,15 @@ type Options struct {
 	AdminTuning func(*AdminOptions)
 	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
 	NodeTuning func(*NodeOptions)
+	// ResetState starts over with a state store Run would refuse (damaged,
+	// gone while its policy mirror is there, disagreeing with the mirror):
+	// the damaged files are kept aside, the run-time overrides restored
+	// from the mirror when it verifies. infermeshd -reset-state.
+	ResetState bool
+	// NewIdentity lets Run make a new node key where one is missing on a
+	// node that ran before (its state store is there); without it, Run
+	// refuses. infermeshd -new-identity.
+	NewIdentity bool
 }
 
 // DevModel starts an in-process model server for dev mode, serving model
@@ -225,6 +234,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	if err := a.checkIdentity(); err != nil {
+		return err
+	}
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's
 	// admission.
@@ -242,10 +254,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("mesh.quic: %w", err)
 		}
 		defer tr.Close()
+		// The transport outlives the signal: streams peers forwarded to us
+		// drain like our own clients' (shutdownTransport below, after the
+		// proxy's drain). Its context ends only when Run returns.
+		trCtx, trCancel := context.WithCancel(context.WithoutCancel(runCtx))
+		defer trCancel()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.serveTransport(runCtx, tr)
+			a.serveTransport(trCtx, tr)
 		}()
 	}
 
@@ -336,6 +353,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("shared port listening: every role, routed by model", zap.String("addr", addr.String()))
 	}
 
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.upkeepPlacement(runCtx)
+	}()
+
 	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, DisableCompression: true}}
 	defer probeClient.CloseIdleConnections()
 	for _, name := range roles {
@@ -420,7 +443,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.joinMesh(runCtx, m)
+			a.healMesh(runCtx, m, ad.Store().DB())
 		}()
 	}
 

@@ -48,6 +48,7 @@ type MeshAPI interface {
 	Unrevoke(nameOrKey string) error
 	Revoked() []string
 	Refusals() map[string]uint64
+	JoinNow(addrs []string) (int, error)
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.

@@ -260,6 +260,10 @@ func (b *Backend) proxyOrder(role string, ds []admin.Decision) {
 		if !ok || d.Kind != placement.KindRemote.String() {
 			continue
 		}
+		if r, ok := b.a.scorer.Refused(d.Node, role); ok {
+			d.Notes = append(d.Notes, fmt.Sprintf("its agent refused this role to this node (%s) at %s: tried last",
+				r.Why, r.At.UTC().Format(time.RFC3339)))
+		}
 		if ps.InFlight > 0 {
 			d.Notes = append(d.Notes, fmt.Sprintf("%d request(s) in flight", ps.InFlight))
 		}

@@ -376,6 +376,8 @@ func (f *fakeMesh) Revoked() []string {
 }
 func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_signature": 2} }
 
+func (f *fakeMesh) JoinNow([]string) (int, error) { return 0, errors.New("fake mesh: no network") }
+
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()
 	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))

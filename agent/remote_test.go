@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
@@ -113,7 +114,12 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
-	shared  map[string]bool // nodes that also serve proxy.listen (any free port)
+	// shutdown is proxy.shutdown_timeout of every node (default 2s).
+	shutdown time.Duration
+	// joins overrides the node a node's mesh.join names ("": none; the
+	// default is the first node, for every other node).
+	joins  map[string]string
+	shared map[string]bool // nodes that also serve proxy.listen (any free port)
 }
 
 type meshNode struct {
@@ -184,14 +190,18 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
 	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
 	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyring)
-	if name != tm.order[0] {
+	if j, ok := tm.joins[name]; ok {
+		if j != "" {
+			fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[j].bind)
+		}
+	} else if name != tm.order[0] {
 		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
 	}
 	b.WriteString("trust:\n  nodes:\n")
 	for _, other := range tm.order {
 		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
 	}
-	b.WriteString("proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: 2s}\n")
+	fmt.Fprintf(&b, "proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
@@ -232,6 +242,8 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			c.TCPTimeout = time.Second
 			c.JoinBackoff = 20 * time.Millisecond
 			c.JoinMaxBackoff = 100 * time.Millisecond
+			c.RejoinInterval = 100 * time.Millisecond
+			c.RejoinMaxBackoff = 400 * time.Millisecond
 		},
 		TransportTuning: func(c *mesh.TransportConfig) {
 			c.KeepAlivePeriod = 100 * time.Millisecond
@@ -243,7 +255,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.agent = a
+	n.agent, n.stopped = a, false
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- a.Run(ctx) }()
@@ -308,7 +320,7 @@ func (n *meshNode) audited(kind, why string) bool {
 // transport to peer, bypassing n's placement.
 func (n *meshNode) sendDirect(t *testing.T, peer, role string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+peer+"/v1/chat/completions",
 		strings.NewReader(`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`))
@@ -409,8 +421,10 @@ func TestRemoteRefusals(t *testing.T) {
 	}{
 		{"a has not allowed b", setup{aAccepts: nil, bExpose: true, bServeTo: []string{"a"}}, false,
 			http.StatusServiceUnavailable, "", placement.ReasonNotAllowlisted},
+		// b's refusal is a failure before the first byte: with no other
+		// candidate, a answers that nothing serves the role to it.
 		{"b does not serve the role to a", setup{aAccepts: []string{"b"}, bExpose: true, bServeTo: []string{"c"}}, true,
-			http.StatusNotFound, placement.ReasonNotOnServeList, ""},
+			http.StatusServiceUnavailable, placement.ReasonNotOnServeList, ""},
 		{"b does not expose the role", setup{aAccepts: []string{"b"}, bExpose: false}, false,
 			http.StatusServiceUnavailable, placement.ReasonNotExposed, ""},
 	}
@@ -477,6 +491,8 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	tm.start("a", map[string]roleSpec{"other": {}}, false)
 	ub := startUpstream(t, "model-b", 0)
 	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a", "mallory"}}}, false)
+	// "a with another key" is a key mismatch only once b knows a's key.
+	waitFor(t, "b admits a", func() bool { return b.agent.Mesh().IsAdmitted("a") })
 
 	_, stranger, _ := ed25519.GenerateKey(nil)
 	tests := []struct {
@@ -494,7 +510,7 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			tc := &tls.Config{Certificates: tt.certs(t), InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}}
 			conn, err := quic.DialAddr(ctx, b.quic, tc, nil)

@@ -77,6 +77,11 @@ func errNoInstance(role string) *APIError {
 		Message: "no instance serves role " + strconv.Quote(role) + " right now", RetryAfter: noInstanceRetryAfter}
 }
 
+func errPeerRefused(peer, role, why string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
+		Message: "no instance serves role " + role + " to this node: " + peer + " refused (" + why + ")"}
+}
+
 func errUpstream(msg string) *APIError {
 	return &APIError{Status: http.StatusBadGateway, Type: typeServer, Code: "upstream_failed", Message: msg}
 }

@@ -24,6 +24,21 @@ const (
 // RoleHeader names the role on a request forwarded to a peer agent.
 const RoleHeader = "Infermesh-Role"
 
+// RefusedHeader marks an answer as a refusal by the peer agent itself (not
+// by its instance): the role is not served to the asking node, or the node
+// is not admitted. Its value is the reason (RefusedNotServed, ...). The
+// consumer treats such an answer as a failure before the first byte and
+// tries its next candidate; an instance's own answers never carry it (the
+// header is stripped from everything relayed).
+const RefusedHeader = "Infermesh-Refused"
+
+// Refusal reasons a peer agent sends in RefusedHeader.
+const (
+	RefusedNotServed   = "not_served"   // the role is not served to the asking node
+	RefusedNotAdmitted = "not_admitted" // the asking node is not admitted (any more)
+	RefusedUnknownPeer = "unknown_peer" // the connection carries no verified identity
+)
+
 func forwardedPath(p string) bool {
 	return p == pathChat || p == pathCompletions || p == pathEmbeddings
 }
@@ -139,6 +154,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
+			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
@@ -165,6 +181,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			if refused != nil {
 				refused(r, peer, role, "role not served to this peer")
 			}
+			w.Header().Set(RefusedHeader, RefusedNotServed)
 			WriteError(w, errRoleNotFound(role))
 			return
 		}

@@ -138,6 +138,7 @@ type Proxy struct {
 	up    *upstreamClient // plain-http local instances (the hot path)
 	local *http.Transport // local instances with other schemes
 	log   *zap.Logger
+	busy  busyCounts // requests at the local instance, per role
 
 	mu      sync.Mutex
 	servers map[string]*roleServer // by role

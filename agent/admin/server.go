@@ -207,6 +207,7 @@ func (s *Server) routes() http.Handler {
 		s.cfg.Metrics.ServeHTTP(w, r)
 	})
 	s.nodeRoutes(mux)
+	s.meshRoutes(mux)
 	mux.HandleFunc("/", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
 		writeError(w, Errorf(ErrNotFound, "no such admin route: %s %s", r.Method, r.URL.Path))
 	}))

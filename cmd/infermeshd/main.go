@@ -74,6 +74,8 @@ func run(args []string) error {
 	version := fs.Bool("version", false, "print the version and exit")
 	validate := fs.Bool("validate", false, "check -config (strict decoding, every field) and exit: 0 when the agent would start with it, 78 when not")
 	keygen := fs.Bool("keygen", false, "create the node key in node.state_dir of -config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
+	resetState := fs.Bool("reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
+	newIdentity := fs.Bool("new-identity", false, "make a new node key where it is missing on a node that ran before (its peers must then trust the new public key)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -145,7 +147,7 @@ func run(args []string) error {
 			return demomodel.ServeLoopback(dcfg)
 		}
 	}
-	opts := agent.Options{Logger: log, Notify: sdNotify, Simulated: demo(0)}
+	opts := agent.Options{Logger: log, Notify: sdNotify, Simulated: demo(0), ResetState: *resetState, NewIdentity: *newIdentity}
 	if *dev {
 		opts.DevModel = demo(*devDelay)
 		opts.OnAdminReady = func(socket string) {
