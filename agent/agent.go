@@ -132,6 +132,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
+		MaxBodyMemory:   cfg.Proxy.MaxBodyMemory,
+		MaxConns:        cfg.Proxy.MaxConns,
+		BodyTimeout:     cfg.Proxy.BodyTimeout,
+		WriteTimeout:    cfg.Proxy.WriteTimeout,
 		Observer:        a.metrics,
 		Logger:          a.log.Named("proxy"),
 	})

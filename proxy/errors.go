@@ -16,6 +16,8 @@ type APIError struct {
 	Code    string
 	Param   string
 	Message string
+	// RetryAfter, in seconds, is sent as Retry-After when positive.
+	RetryAfter int
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -54,6 +56,13 @@ func errNotFound(path string) *APIError {
 func errMethod(method string) *APIError {
 	return &APIError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
 		Message: "method " + method + " is not allowed here"}
+}
+
+// errBusy refuses a request whose body would take the proxy over its
+// bound on body memory in flight.
+func errBusy() *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "server_busy", RetryAfter: 1,
+		Message: "request bodies in flight are at the proxy's memory bound; retry shortly"}
 }
 
 func errTooLarge(limit int64) *APIError {
@@ -102,6 +111,9 @@ func WriteError(w http.ResponseWriter, e *APIError) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("X-Content-Type-Options", "nosniff")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(body)
 }

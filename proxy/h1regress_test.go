@@ -325,3 +325,29 @@ func TestSSEOneEventOneWrite(t *testing.T) {
 		t.Errorf("%d writes for %d events: %q", len(w.writes), len(events), w.writes)
 	}
 }
+
+// TestSSEPoolBufferIntact: the relay hands its buffer back whole, so a
+// stream copy taking it next still reads (a zero-length buffer read
+// nothing, forever).
+func TestSSEPoolBufferIntact(t *testing.T) {
+	for range 10 {
+		w := httptest.NewRecorder()
+		if _, err := copySSE(w, http.NewResponseController(w), strings.NewReader("data: {\"model\":\"m\"}\n\n"), []byte(`"c"`), true); err != nil {
+			t.Fatal(err)
+		}
+		w2 := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = copyFlush(w2, http.NewResponseController(w2), strings.NewReader("abc"), true)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream copy after the SSE relay read nothing")
+		}
+		if w2.Body.String() != "abc" {
+			t.Fatalf("copied %q, want abc", w2.Body.String())
+		}
+	}
+}
