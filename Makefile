@@ -23,6 +23,8 @@ node-image:
 ## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
+	# the proxy suite again against net/http's server and client (proxy.server: std)
+	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./proxy
 
 test-short:
 	$(GO) test -count=1 -short ./...

@@ -136,6 +136,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		MaxConns:        cfg.Proxy.MaxConns,
 		BodyTimeout:     cfg.Proxy.BodyTimeout,
 		WriteTimeout:    cfg.Proxy.WriteTimeout,
+		Server:          cfg.Proxy.Server,
 		Observer:        a.metrics,
 		Logger:          a.log.Named("proxy"),
 	})

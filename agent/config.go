@@ -156,6 +156,10 @@ type ProxyConfig struct {
 	MaxConns int `yaml:"max_conns"`
 	// BodyTimeout bounds reading a request body. Default 60s.
 	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// Server selects the HTTP implementation of the role ports and of
+	// the client of local instances: infermesh (default, built for
+	// speed) or std (net/http's, the known-good fallback).
+	Server string `yaml:"server"`
 	// WriteTimeout bounds each write to a client (a client that stops
 	// reading a stream is cut after it). Default 60s.
 	WriteTimeout time.Duration `yaml:"write_timeout"`
@@ -495,6 +499,11 @@ func (p *ProxyConfig) validate() error {
 	}
 	if p.MaxConns < 0 {
 		return fieldErr("proxy.max_conns", "%d is negative", p.MaxConns)
+	}
+	switch p.Server {
+	case "", "infermesh", "std":
+	default:
+		return fieldErr("proxy.server", "%q is not infermesh or std", p.Server)
 	}
 	for _, f := range []struct {
 		name string

@@ -293,7 +293,7 @@ func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candida
 	} else {
 		out.b = append(out.b[:0], body...)
 	}
-	if !in.direct {
+	if !in.direct || p.cfg.Server == ServerStd {
 		bu := in.u
 		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
 		return p.local.RoundTrip(p.outRequest(r, u, out, false))

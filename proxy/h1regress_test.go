@@ -193,7 +193,9 @@ func TestUpstreamResponseTrailerBounded(t *testing.T) {
 // that sends its whole body before reading (as the SDKs do) reads the 413
 // instead of a reset.
 func Test413WithoutReset(t *testing.T) {
-	e := newEnv(t, Config{MaxBodyBytes: 1 << 20})
+	// h1Server's lingering close; net/http's server resets such a client
+	// (its test run with proxy.server std fails here: measured).
+	e := newEnv(t, Config{MaxBodyBytes: 1 << 20, Server: ServerInfermesh})
 	e.demo(0)
 	const size = 48 << 20
 	addr := strings.TrimPrefix(e.url, "http://")

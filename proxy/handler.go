@@ -329,9 +329,8 @@ func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 		return nil, errTooLarge(limit)
 	}
 	buf := getBodyBuf()
-	if !buf.charge(p.bodyMem, cap(buf.b)) {
-		buf.release()
-		return nil, errBusy()
+	if cap(buf.b) > bodyFree {
+		buf.b = make([]byte, 0, 4096) // a big pooled buffer would be charged before any byte came
 	}
 	b := buf.b[:0]
 	for {

@@ -83,6 +83,14 @@ type Config struct {
 	// request holds two), so the admin socket, the mesh and the instances
 	// always have descriptors left.
 	MaxConns int
+	// Server selects the HTTP implementation of the role ports and of the
+	// client of local instances: ServerInfermesh (default; h1Server and
+	// upstreamClient, built for speed) or ServerStd (net/http's server and
+	// http.Transport, the known-good fallback). Both keep the same bounds.
+	Server string
+	// HeaderTimeout bounds reading a request head once its first byte
+	// arrived. Default 10s.
+	HeaderTimeout time.Duration
 	// BodyTimeout bounds reading a request body (and draining what a
 	// handler left of one). Default 60s.
 	BodyTimeout time.Duration
@@ -144,6 +152,16 @@ func (c *Config) fill() error {
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = d.BodyTimeout
 	}
+	if c.HeaderTimeout <= 0 {
+		c.HeaderTimeout = 10 * time.Second
+	}
+	switch c.Server {
+	case "":
+		c.Server = ServerInfermesh
+	case ServerInfermesh, ServerStd:
+	default:
+		return fmt.Errorf("proxy config: Server %q is not %q or %q", c.Server, ServerInfermesh, ServerStd)
+	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = d.WriteTimeout
 	}
@@ -171,7 +189,7 @@ type Proxy struct {
 type roleServer struct {
 	role string
 	ln   net.Listener
-	srv  *h1Server
+	srv  httpServer
 	done chan struct{}
 }
 
@@ -227,15 +245,20 @@ func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("role %q: %w", role, err)
 	}
 	rs := &roleServer{role: role, ln: ln, done: make(chan struct{})}
-	rs.srv = newH1Server(p.RoleHandler(role), h1Config{
-		ReadHeaderTimeout: 10 * time.Second,
+	hcfg := h1Config{
+		ReadHeaderTimeout: p.cfg.HeaderTimeout,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		BodyTimeout:       p.cfg.BodyTimeout,
 		WriteTimeout:      p.cfg.WriteTimeout,
 		Conns:             p.conns,
 		Logger:            p.log.Named("http"),
-	})
+	}
+	if p.cfg.Server == ServerStd {
+		rs.srv = newStdServer(p.RoleHandler(role), hcfg)
+	} else {
+		rs.srv = newH1Server(p.RoleHandler(role), hcfg)
+	}
 	p.servers[role] = rs
 	go func() {
 		defer close(rs.done)
