@@ -2,10 +2,10 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image
+.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e
 
 all: build
 
@@ -25,6 +25,10 @@ test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
 	# the proxy suite again against net/http's server and client (proxy.server: std)
 	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./proxy
+
+## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
+e2e:
+	$(GO) test -tags e2e -count=1 -timeout 30m -v -run TestClusterFaults ./e2e/
 
 test-short:
 	$(GO) test -count=1 -short ./...

@@ -129,12 +129,28 @@ func TestAbuseIdleConnections(t *testing.T) {
 // close, a new connection is answered 503 with Retry-After, not left
 // hanging.
 func TestAbuseConnectionCapAnswers503(t *testing.T) {
-	e, addr := abuseEnv(t, Config{MaxConns: 4, BodyTimeout: time.Minute})
+	e := newEnv(t, Config{MaxConns: 4})
+	arrived := make(chan struct{}, 4)
+	release := make(chan struct{})
+	e.upstream(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release // four requests held at the instance keep their connections busy
+	}), "m")
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	addr := strings.TrimPrefix(e.url, "http://")
 	for _, c := range dialMany(t, addr, 4) {
-		// A body that never completes keeps the connection busy.
-		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\n{", pathChat, addr)
+		body := `{"model":"chat"}`
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", pathChat, addr, len(body), body)
 	}
-	waitFor(t, "four busy connections", func() bool { return e.proxy.conns.open.Load() == 4 })
+	for range 4 {
+		select {
+		case <-arrived:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the four requests did not reach the instance")
+		}
+	}
 	c := dialMany(t, addr, 1)[0]
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -144,6 +160,7 @@ func TestAbuseConnectionCapAnswers503(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("at the cap: %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
+	free()
 	shutdownPromptly(t, e)
 }
 

@@ -16,7 +16,8 @@ type APIError struct {
 	Code    string
 	Param   string
 	Message string
-	// RetryAfter, in seconds, is sent as Retry-After when positive.
+	// RetryAfter, when positive, is sent as Retry-After (seconds): the
+	// condition is expected to pass (an instance starting, memory freed).
 	RetryAfter int
 }
 
@@ -74,9 +75,18 @@ func errForbidden(msg string) *APIError {
 	return &APIError{Status: http.StatusForbidden, Type: typePermission, Code: "forbidden", Message: msg}
 }
 
+// noInstanceRetryAfter is the Retry-After of a 503 for a role without an
+// instance now: instances restart with seconds of backoff.
+const noInstanceRetryAfter = 5
+
 func errNoInstance(role string) *APIError {
 	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
-		Message: "no instance serves role " + strconv.Quote(role) + " right now"}
+		Message: "no instance serves role " + strconv.Quote(role) + " right now", RetryAfter: noInstanceRetryAfter}
+}
+
+func errPeerRefused(peer, role, why string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
+		Message: "no instance serves role " + role + " to this node: " + peer + " refused (" + why + ")"}
 }
 
 func errUpstream(msg string) *APIError {

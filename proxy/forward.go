@@ -70,7 +70,7 @@ func forwardable(k string, connNamed []string, mesh bool) bool {
 		return false
 	}
 	switch k {
-	case "Content-Length", "Host", RoleHeader:
+	case "Content-Length", "Host", RoleHeader, RefusedHeader:
 		return false
 	}
 	return true
@@ -170,6 +170,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 		t0 := time.Now()
 		switch c.Kind {
 		case placement.KindLocal:
+			// Counted until forward returns: the response, streamed or
+			// not, is relayed before that.
+			defer p.busy.add(role)()
 			resp, err = p.roundTripLocal(r, body, c)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
@@ -195,6 +198,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 			}
 			last = &attemptError{target: target, api: classify(err, target)}
 			p.log.Debug("forward attempt failed", zap.String("role", role), zap.String("target", target), zap.Error(err))
+			continue
+		}
+		if why := resp.Header.Get(RefusedHeader); why != "" && c.Kind == placement.KindRemote {
+			// The peer agent itself refused (policy, admission): it will not
+			// serve this role to us, so another candidate may.
+			_ = resp.Body.Close()
+			last = &attemptError{target: target, api: errPeerRefused(target, role, why)}
 			continue
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable && more {
