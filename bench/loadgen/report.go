@@ -80,6 +80,7 @@ type Report struct {
 	Params     Params            `json:"params"`
 	Contenders []ContReport      `json:"contenders"`
 	Mesh       []meshRes         `json:"mesh,omitempty"`
+	Sim        []simRes          `json:"sim,omitempty"`
 	// BareH3 is a bare HTTP/3 exchange at c=1 (two mesh transports in the
 	// load generator's process), measured with infermesh-quic; BareH3Note
 	// says why it is missing.
@@ -159,7 +160,7 @@ func (b *bench) report(meta map[string]string) *Report {
 	}
 	r := &Report{
 		Started: b.started, Elapsed: time.Since(b.started).Round(time.Second).String(), Mode: mode,
-		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh,
+		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh, Sim: b.sim,
 	}
 	r.BareH3 = latFig(b.h3, nil, nil, true)
 	r.BareH3Note = b.h3Err
@@ -470,13 +471,18 @@ func (r *Report) Markdown() string {
 		w("\n## Mesh: in-process nodes on loopback (mesh/meshbench, %s profile)\n\n", r.Mesh[0].Profile)
 		w("| N | membership complete | advert reached all | death noticed by all |\n| --- | --- | --- | --- |\n")
 		for _, m := range r.Mesh {
-			cell := func(v string) string {
-				if v == "" && m.Err != "" {
-					return "failed: " + strings.ReplaceAll(m.Err, "|", "/")
-				}
-				return v
-			}
+			cell := func(v string) string { return orFailed(v, m.Err) }
 			w("| %d | %s | %s | %s |\n", m.N, cell(m.Membership), cell(m.Advert), cell(m.Death))
+		}
+	}
+	if len(r.Sim) > 0 {
+		w("\n## Mesh simulation: nodes in one process over an in-memory network (mesh/meshsim, LAN profile, %v one-way latency)\n\n", simLatency)
+		w("Real meshes (keys, certificates, signatures, encrypted gossip) over simulated sockets. Traffic is steady state over 5 s after the advert reached everyone; adverts are their broadcasts and push/pull state, membership is the rest. CPU is the simulation process's: when it nears the host's cores x wall time, nodes starve and the figures are the host's.\n\n")
+		w("| N | membership complete | advert reached all | advert queue max | bytes/node/s: adverts | membership | sent per node while forming | heap per node | CPU s / wall s | queue overflows |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, m := range r.Sim {
+			cell := func(v string) string { return orFailed(v, m.Err) }
+			w("| %d | %s | %s | %d | %.0f | %.0f | %.0f KiB | %d KiB | %.0f / %.0f | %d |\n", m.N, cell(m.Membership), cell(m.Advert), m.AdvertQueueMax,
+				m.AdvertBytesNodeS, m.BytesPerNodeSec-m.AdvertBytesNodeS, m.FormBytesPerNode/1024, m.HeapPerNodeKiB, m.CPUSeconds, m.WallSeconds, m.Overflows)
 		}
 	}
 	if len(r.Targets) > 0 {
@@ -503,4 +509,12 @@ func ratioOrBlank(v float64, name string) string {
 		return ""
 	}
 	return fmtRatio(v)
+}
+
+// orFailed is a table cell: v, or the failure when v was not measured.
+func orFailed(v, err string) string {
+	if v == "" && err != "" {
+		return "failed: " + strings.ReplaceAll(err, "|", "/")
+	}
+	return v
 }
