@@ -81,6 +81,9 @@ type Report struct {
 	Contenders []ContReport      `json:"contenders"`
 	Mesh       []meshRes         `json:"mesh,omitempty"`
 	Sim        []simRes          `json:"sim,omitempty"`
+	// Instructions are the instruction counts of each proxy's processes
+	// for a fixed number of requests (bench/run.sh, callgrind).
+	Instructions []instrCount `json:"instructions,omitempty"`
 	// BareH3 is a bare HTTP/3 exchange at c=1 (two mesh transports in the
 	// load generator's process), measured with infermesh-quic; BareH3Note
 	// says why it is missing.
@@ -222,9 +225,11 @@ func yes(ok bool) string {
 // targets compares infermesh's local and remote paths with the issue's
 // targets.
 func (b *bench) targets(r *Report) []TargetCheck {
-	var im, ng, q *ContReport
+	var im, ng, q, ngTLS *ContReport
 	for i := range r.Contenders {
 		switch c := &r.Contenders[i]; {
+		case c.Name == nginxTLSName && c.Missing == "":
+			ngTLS = c
 		case c.Name == "infermesh" && c.Missing == "":
 			im = c
 		case c.Name == "nginx" && c.Missing == "":
@@ -239,7 +244,31 @@ func (b *bench) targets(r *Report) []TargetCheck {
 	out := localTargets(im, ng)
 	if q != nil {
 		out = append(out, remoteTargets(r, im, q)...)
+		out = append(out, anchorTargets(q, ngTLS)...)
 		out = append(out, streamTargets(q, " through the remote path", " (a + b)")...)
+	}
+	return out
+}
+
+// nginxTLSName is the remote hop done with well-known parts (bench/run.sh).
+const nginxTLSName = "nginx-tls"
+
+// anchorTargets compares the remote path with the same hop done by two
+// nginx over TLS 1.3 with client certificates, in this run.
+func anchorTargets(q, a *ContReport) []TargetCheck {
+	if a == nil {
+		return nil
+	}
+	var out []TargetCheck
+	if q.C1 != nil && a.C1 != nil && q.C1.AddedP50 != nil && a.C1.AddedP50 != nil {
+		out = append(out, TargetCheck{"remote hop added p50 ≤ " + nginxTLSName + "'s (nginx → TLS 1.3, client certificates → nginx)",
+			fmt.Sprintf("%.0f µs vs %.0f µs (%.2f×)", q.C1.AddedP50.Med, a.C1.AddedP50.Med, q.C1.AddedP50.Med/a.C1.AddedP50.Med),
+			yes(q.C1.AddedP50.Med <= a.C1.AddedP50.Med)})
+	}
+	if q.Throughput != nil && a.Throughput != nil && q.Throughput.RPS != nil && a.Throughput.RPS != nil && a.Throughput.RPS.Med > 0 {
+		out = append(out, TargetCheck{"remote hop c=64 throughput ≥ " + nginxTLSName + "'s",
+			fmt.Sprintf("%.2f× (%s vs %s req/s)", q.Throughput.RPS.Med/a.Throughput.RPS.Med, thousands(q.Throughput.RPS.Med), thousands(a.Throughput.RPS.Med)),
+			yes(q.Throughput.RPS.Med >= a.Throughput.RPS.Med)})
 	}
 	return out
 }
@@ -467,6 +496,28 @@ func (r *Report) Markdown() string {
 		}
 		w("\n%s's RSS is the sum of its processes, sampled together; at %d streams: %s.\n", c.Name, m.Streams, strings.Join(parts, "; "))
 	}
+	if len(r.Instructions) > 0 {
+		w("\n## Instructions per request (callgrind)\n\n")
+		w("Each proxy alone under valgrind's callgrind: small chat completions at c=1 over one keep-alive connection after a warm-up, counted over the proxy's processes only (both agents for %s). A count does not depend on the host's load; Go programs ran with GODEBUG=asyncpreemptoff=1.\n\n", quicName)
+		var nginx float64
+		for _, ic := range r.Instructions {
+			if ic.Name == "nginx" && ic.Requests > 0 {
+				nginx = float64(ic.Instructions) / float64(ic.Requests)
+			}
+		}
+		w("| contender | requests | instructions per request | ÷ nginx |\n| --- | --- | --- | --- |\n")
+		for _, ic := range r.Instructions {
+			if ic.Requests == 0 {
+				continue
+			}
+			per := float64(ic.Instructions) / float64(ic.Requests)
+			ratio := "–"
+			if nginx > 0 {
+				ratio = fmt.Sprintf("%.2f×", per/nginx)
+			}
+			w("| %s | %d | %.0f | %s |\n", ic.Name, ic.Requests, per, ratio)
+		}
+	}
 	if len(r.Mesh) > 0 {
 		w("\n## Mesh: in-process nodes on loopback (mesh/meshbench, %s profile)\n\n", r.Mesh[0].Profile)
 		w("| N | membership complete | advert reached all | death noticed by all |\n| --- | --- | --- | --- |\n")
@@ -517,4 +568,11 @@ func orFailed(v, err string) string {
 		return "failed: " + strings.ReplaceAll(err, "|", "/")
 	}
 	return v
+}
+
+// instrCount is one contender's instruction count (bench/run.sh).
+type instrCount struct {
+	Name         string `json:"name"`
+	Requests     int    `json:"requests"`
+	Instructions int64  `json:"instructions"`
 }
