@@ -24,6 +24,21 @@ const (
 // RoleHeader names the role on a request forwarded to a peer agent.
 const RoleHeader = "Infermesh-Role"
 
+// RefusedHeader marks an answer as a refusal by the peer agent itself (not
+// by its instance): the role is not served to the asking node, or the node
+// is not admitted. Its value is the reason (RefusedNotServed, ...). The
+// consumer treats such an answer as a failure before the first byte and
+// tries its next candidate; an instance's own answers never carry it (the
+// header is stripped from everything relayed).
+const RefusedHeader = "Infermesh-Refused"
+
+// Refusal reasons a peer agent sends in RefusedHeader.
+const (
+	RefusedNotServed   = "not_served"   // the role is not served to the asking node
+	RefusedNotAdmitted = "not_admitted" // the asking node is not admitted (any more)
+	RefusedUnknownPeer = "unknown_peer" // the connection carries no verified identity
+)
+
 func forwardedPath(p string) bool {
 	return p == pathChat || p == pathCompletions || p == pathEmbeddings
 }
@@ -65,7 +80,13 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cands := p.cfg.Resolver.Resolve(role)
+		if len(cands) == 0 && p.pinned(role, asked) {
+			buf.release()
+			fail(w, errNoInstance(role))
+			return
+		}
 		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
 			buf.release()
 			fail(w, errModelNotFound(decodeModel(asked), role))
@@ -100,6 +121,15 @@ func (p *Proxy) readModelRequest(r *http.Request, dflt []byte) (*bodyBuf, []byte
 	return buf, bytes.Clone(buf.b[ms:me]), nil
 }
 
+// pinned reports whether lit names role's pinned model (PinnedModel).
+func (p *Proxy) pinned(role string, lit []byte) bool {
+	if p.cfg.PinnedModel == nil {
+		return false
+	}
+	m := p.cfg.PinnedModel(role)
+	return m != "" && decodeModel(lit) == m
+}
+
 // modelKnown reports whether lit names the model of one of the candidates.
 func modelKnown(lit []byte, cands []placement.Candidate) bool {
 	name := decodeModel(lit)
@@ -121,9 +151,10 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
+			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
@@ -150,6 +181,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			if refused != nil {
 				refused(r, peer, role, "role not served to this peer")
 			}
+			w.Header().Set(RefusedHeader, RefusedNotServed)
 			WriteError(w, errRoleNotFound(role))
 			return
 		}
@@ -158,14 +190,29 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, buf, asked, cand)
-	})
+	}))
 }
 
 // serveModels lists what the port serves: the role name, and the model names
 // of its current candidates as aliases.
 func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string) {
+	ids := []string{role}
+	seen := map[string]bool{role: true}
+	for _, c := range p.cfg.Resolver.Resolve(role) {
+		if c.Model != "" && !seen[c.Model] {
+			seen[c.Model] = true
+			ids = append(ids, c.Model)
+		}
+	}
+	writeModels(w, r, ids, func(id string) *APIError { return errModelNotFound(id, role) })
+}
+
+// writeModels answers GET /v1/models (the list of ids) or
+// /v1/models/{id} (one of them, else notFound(id)).
+func writeModels(w http.ResponseWriter, r *http.Request, ids []string, notFound func(id string) *APIError) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		WriteError(w, errMethod(r.Method))
@@ -176,14 +223,6 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
-	}
-	ids := []string{role}
-	seen := map[string]bool{role: true}
-	for _, c := range p.cfg.Resolver.Resolve(role) {
-		if c.Model != "" && !seen[c.Model] {
-			seen[c.Model] = true
-			ids = append(ids, c.Model)
-		}
 	}
 	data := make([]model, 0, len(ids))
 	for _, id := range ids {
@@ -197,7 +236,7 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 				return
 			}
 		}
-		WriteError(w, errModelNotFound(want, role))
+		WriteError(w, notFound(want))
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
@@ -225,6 +264,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type bodyBuf struct {
 	b    []byte
 	refs atomic.Int32
+	mem  *memBudget // what b's growth was charged to; nil: not charged
+	held int64
 }
 
 var bodyPool = sync.Pool{New: func() any { return &bodyBuf{b: make([]byte, 0, 4096)} }}
@@ -240,6 +281,10 @@ func (b *bodyBuf) retain() { b.refs.Add(1) }
 func (b *bodyBuf) release() {
 	if b.refs.Add(-1) != 0 {
 		return
+	}
+	if b.mem != nil {
+		b.mem.give(b.held)
+		b.mem, b.held = nil, 0
 	}
 	if cap(b.b) <= 1<<20 {
 		b.b = b.b[:0]
@@ -277,20 +322,70 @@ func (r *bufReader) Close() error {
 	return nil
 }
 
-// readBody reads the whole request body within the configured limit.
+// memBudget bounds the memory held by request bodies in flight across
+// the proxy. Safe for concurrent use.
+type memBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// take charges n bytes, or reports that they would exceed the bound.
+func (m *memBudget) take(n int64) bool {
+	if m.used.Add(n) > m.max {
+		m.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (m *memBudget) give(n int64) { m.used.Add(-n) }
+
+// bodyFree is the part of each body not charged to the memory bound: a
+// flood of large bodies holding the bound cannot lock out ordinary
+// requests, whose memory the connection cap bounds instead.
+const bodyFree = 64 << 10
+
+// charge charges buf's growth to its capacity c against m (past bodyFree).
+func (buf *bodyBuf) charge(m *memBudget, c int) bool {
+	if d := int64(c-bodyFree) - buf.held; d > 0 {
+		if !m.take(d) {
+			return false
+		}
+		buf.mem = m
+		buf.held += d
+	}
+	return true
+}
+
+// readBody reads the whole request body within the configured limit. The
+// buffer grows as bytes arrive, never to a declared length up front (a
+// client may declare 16 MiB and send one byte), and every growth is
+// charged to the proxy's body memory bound: above it the request is
+// refused with 503 and Retry-After.
 func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 	limit := p.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, errTooLarge(limit)
 	}
 	buf := getBodyBuf()
-	if n := r.ContentLength; n > 0 && int64(cap(buf.b)) < n {
-		buf.b = make([]byte, 0, n)
+	if cap(buf.b) > bodyFree {
+		buf.b = make([]byte, 0, 4096) // a big pooled buffer would be charged before any byte came
 	}
 	b := buf.b[:0]
 	for {
 		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
+			c := max(2*cap(b), 4096)
+			if cl := r.ContentLength; cl > int64(len(b)) && int64(c) > cl {
+				c = int(cl) // the declared length, once bytes came near it
+			}
+			if !buf.charge(p.bodyMem, c) {
+				buf.b = b
+				buf.release()
+				return nil, errBusy()
+			}
+			nb := make([]byte, len(b), c)
+			copy(nb, b)
+			b = nb
 		}
 		n, err := r.Body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -308,6 +403,9 @@ func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				return nil, errTooLarge(limit)
+			}
+			if isTimeout(err) {
+				return nil, &APIError{Status: http.StatusRequestTimeout, Type: typeInvalidRequest, Code: "request_timeout", Message: "the request body did not arrive in time"}
 			}
 			return nil, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "body_read_failed", Message: "reading request body: " + err.Error()}
 		}
