@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -87,8 +88,9 @@ type Agent struct {
 	proxy     *proxy.Proxy
 	metrics   *metrics.Metrics
 	admission mesh.AdmissionProxy
-	scorer    *proxy.PeerScorer // nil without a mesh
-	remote    lateRemote        // the proxy's Remote: the QUIC transport once Run started it
+	scorer    *proxy.PeerScorer                 // nil without a mesh
+	remote    lateRemote                        // the proxy's Remote: the QUIC transport once Run started it
+	upKeys    atomic.Pointer[map[string]string] // role -> upstream API key; replaced on reload
 
 	started time.Time
 
@@ -139,6 +141,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if cfg.Proxy.AccessLogOn() {
 		accessLog = a.log.Named("access")
 	}
+	a.setUpstreamKeys(cfg)
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -153,6 +156,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		Server:          cfg.Proxy.Server,
 		Observer:        a.metrics,
 		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
+		UpstreamKey:     func(role string) string { return (*a.upKeys.Load())[role] },
 		NodeName:        cfg.Node.Name,
 		AccessLog:       accessLog,
 		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
@@ -163,6 +167,17 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	}
 	a.proxy = p
 	return a, nil
+}
+
+// setUpstreamKeys makes cfg's upstream API keys the ones the proxy sends.
+func (a *Agent) setUpstreamKeys(cfg *Config) {
+	keys := map[string]string{}
+	for name, r := range cfg.Roles {
+		if k := r.UpstreamKey(); k != "" {
+			keys[name] = k
+		}
+	}
+	a.upKeys.Store(&keys)
 }
 
 // Table returns the agent's placement table.

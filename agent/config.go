@@ -211,6 +211,59 @@ type RoleConfig struct {
 	// Instance is a managed local instance: a Docker container, a native
 	// process, or the simulated (built-in demo) model.
 	Instance *InstanceConfig `yaml:"instance"`
+	// UpstreamAPIKeyFile holds the API key the local instance requires
+	// (vLLM --api-key, a LiteLLM master key): sent as Authorization:
+	// Bearer on every request to it, an app's or a peer's. Read when the
+	// config is loaded or reloaded; a file other users can read is refused.
+	UpstreamAPIKeyFile string `yaml:"upstream_api_key_file"`
+
+	upstreamKey string // read from UpstreamAPIKeyFile by Validate; never logged
+}
+
+// UpstreamKey is the key read from UpstreamAPIKeyFile ("" without one).
+func (r RoleConfig) UpstreamKey() string { return r.upstreamKey }
+
+// maxUpstreamKey bounds an upstream API key file.
+const maxUpstreamKey = 4096
+
+// readUpstreamKey reads an API key file: an absolute path, a regular file
+// no other user can read, one non-empty line of printable characters.
+func readUpstreamKey(f, path string) (string, error) {
+	if !filepath.IsAbs(path) {
+		return "", fieldErr(f, "%q is not an absolute path", path)
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return "", fieldErr(f, "%v", err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return "", fieldErr(f, "%v", err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fieldErr(f, "%s is not a regular file", path)
+	}
+	if perm := st.Mode().Perm(); perm&0o007 != 0 {
+		return "", fieldErr(f, "%s is accessible by every user (mode %04o); chmod o-rwx %s", path, perm, path)
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, maxUpstreamKey+1))
+	if err != nil {
+		return "", fieldErr(f, "%v", err)
+	}
+	if len(data) > maxUpstreamKey {
+		return "", fieldErr(f, "%s is over %d bytes; it must hold the key alone", path, maxUpstreamKey)
+	}
+	key := strings.TrimSpace(string(data))
+	if key == "" {
+		return "", fieldErr(f, "%s is empty", path)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= ' ' || c == 0x7f {
+			return "", fieldErr(f, "%s: the key must be one line without spaces or control characters", path)
+		}
+	}
+	return key, nil
 }
 
 // InstanceConfig describes a managed local instance.
@@ -475,6 +528,14 @@ func (c *Config) Validate() error {
 			if err := validNodeName(n); err != nil {
 				return fieldErr(fmt.Sprintf("%s.accept_from[%d]", f, i), "%v", err)
 			}
+		}
+		r.upstreamKey = ""
+		if r.UpstreamAPIKeyFile != "" {
+			key, err := readUpstreamKey(f+".upstream_api_key_file", r.UpstreamAPIKeyFile)
+			if err != nil {
+				return err
+			}
+			r.upstreamKey = key
 		}
 		if len(r.ServeTo) > 0 && !r.Expose {
 			return fieldErr(f+".serve_to", "lists peers but expose is false; set expose: true to let the role leave loopback")

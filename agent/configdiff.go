@@ -32,6 +32,10 @@ func diffConfig(old, next *Config) (applied, restart []string) {
 		if d := listDiff(o.AcceptFrom, n.AcceptFrom); d != "" {
 			applied = append(applied, f+".accept_from: "+d)
 		}
+		if o.UpstreamAPIKeyFile != n.UpstreamAPIKeyFile || o.upstreamKey != n.upstreamKey {
+			// The key itself is never shown.
+			applied = append(applied, fmt.Sprintf("%s.upstream_api_key_file: %q (key re-read)", f, n.UpstreamAPIKeyFile))
+		}
 		if o.Port != n.Port {
 			restart = append(restart, fmt.Sprintf("%s.port: %d -> %d", f, o.Port, n.Port))
 		}
@@ -131,6 +135,7 @@ func runningConfig(old, next *Config, needsRestart []string) *Config {
 			continue
 		}
 		o.Expose, o.ServeTo, o.AcceptFrom = n.Expose, n.ServeTo, n.AcceptFrom
+		o.UpstreamAPIKeyFile, o.upstreamKey = n.UpstreamAPIKeyFile, n.upstreamKey
 		if !pending("roles." + name + ".instance:") {
 			o.Instance = n.Instance
 		}

@@ -49,7 +49,11 @@ type testUpstream struct {
 	mu        sync.Mutex
 	models    []string // the model field of every request body
 	ids       []string // the X-Request-Id of every request
-	stop      func()
+	auths     []string // the Authorization of every request
+	// key, when set, is the API key the instance requires (as vLLM's
+	// --api-key): any other Authorization gets 401.
+	key  atomic.Pointer[string]
+	stop func()
 }
 
 func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUpstream {
@@ -76,8 +80,15 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			u.mu.Lock()
 			u.models = append(u.models, m.Model)
 			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
+			u.auths = append(u.auths, r.Header.Get("Authorization"))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
+			if k := u.key.Load(); k != nil && r.Header.Get("Authorization") != "Bearer "+*k {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = io.WriteString(w, `{"error":"Unauthorized"}`)
+				return
+			}
 		}
 		demo.ServeHTTP(w, r)
 		if r.Context().Err() != nil {
@@ -105,6 +116,7 @@ type roleSpec struct {
 	expose     bool
 	serveTo    []string
 	acceptFrom []string
+	keyFile    string // upstream_api_key_file
 }
 
 // testMesh is a set of nodes sharing a gossip keyring and static trust.
@@ -209,6 +221,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		fmt.Fprintf(&b, "  %s:\n    port: %d\n    expose: %v\n", role, port, r.expose)
 		if r.upstream != nil {
 			fmt.Fprintf(&b, "    upstream: %s\n    model: %s\n", r.upstream.base, r.model)
+		}
+		if r.keyFile != "" {
+			fmt.Fprintf(&b, "    upstream_api_key_file: %s\n", r.keyFile)
 		}
 		if len(r.serveTo) > 0 {
 			fmt.Fprintf(&b, "    serve_to: [%s]\n", strings.Join(r.serveTo, ", "))

@@ -101,7 +101,10 @@ func validHeaderValue(v string) bool {
 // appendRequestHead appends the head of the request forwarded to a local
 // instance: the request line, Host, the client's end-to-end headers,
 // Content-Type and Content-Length n.
-func appendRequestHead(dst []byte, r *http.Request, host, path string, n int) []byte {
+//
+// A non-empty key replaces the client's Authorization with the instance's
+// own key.
+func appendRequestHead(dst []byte, r *http.Request, host, path string, n int, key string) []byte {
 	dst = append(dst, "POST "...)
 	dst = append(dst, path...)
 	if q := r.URL.RawQuery; q != "" {
@@ -113,7 +116,7 @@ func appendRequestHead(dst []byte, r *http.Request, host, path string, n int) []
 	dst = append(dst, "\r\n"...)
 	connNamed := connectionNamed(r.Header)
 	for k, vv := range r.Header {
-		if k == "Content-Type" || !forwardable(k, connNamed, false) {
+		if k == "Content-Type" || !forwardable(k, connNamed, false) || (key != "" && k == "Authorization") {
 			continue
 		}
 		for _, v := range vv {
@@ -125,6 +128,11 @@ func appendRequestHead(dst []byte, r *http.Request, host, path string, n int) []
 			dst = append(dst, v...)
 			dst = append(dst, "\r\n"...)
 		}
+	}
+	if key != "" {
+		dst = append(dst, "Authorization: Bearer "...)
+		dst = append(dst, key...)
+		dst = append(dst, "\r\n"...)
 	}
 	dst = append(dst, "Content-Type: application/json\r\nContent-Length: "...)
 	dst = strconv.AppendInt(dst, int64(n), 10)
@@ -173,7 +181,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 			// Counted until forward returns: the response, streamed or
 			// not, is relayed before that.
 			defer p.busy.add(role)()
-			resp, err = p.roundTripLocal(r, body, c)
+			resp, err = p.roundTripLocal(r, role, body, c)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
 				continue
@@ -291,7 +299,15 @@ func baseInstance(base string) (*instance, error) {
 	return in, nil
 }
 
-func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candidate) (*http.Response, error) {
+// upstreamKey is role's instance API key, "" for none.
+func (p *Proxy) upstreamKey(role string) string {
+	if p.cfg.UpstreamKey == nil {
+		return ""
+	}
+	return p.cfg.UpstreamKey(role)
+}
+
+func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, c placement.Candidate) (*http.Response, error) {
 	in, err := baseInstance(c.Base)
 	if err != nil {
 		return nil, err
@@ -306,12 +322,16 @@ func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candida
 	if !in.direct || p.cfg.Server == ServerStd {
 		bu := in.u
 		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
-		return p.local.RoundTrip(p.outRequest(r, u, out, false))
+		req := p.outRequest(r, u, out, false)
+		if key := p.upstreamKey(role); key != "" {
+			req.Header["Authorization"] = []string{"Bearer " + key}
+		}
+		return p.local.RoundTrip(req)
 	}
 	// The whole request, head and body, in one buffer: one write.
 	req := getBodyBuf()
 	defer req.release()
-	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b))
+	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b), p.upstreamKey(role))
 	req.b = append(req.b, out.b...)
 	return p.up.roundTrip(r.Context(), in.dial, req.b, replayable(r.Header))
 }

@@ -105,6 +105,11 @@ type Config struct {
 	// then gets 503 with Retry-After (the instance is coming back), not
 	// 404. Nil or "": only the role name is known without candidates.
 	PinnedModel func(role string) string
+	// UpstreamKey returns the API key role's local instance requires ("" for
+	// none). When set it is sent as Authorization: Bearer on every request
+	// to that instance, an app's or a peer's, in place of the app's own
+	// Authorization. It is read on each request, so a reload applies at once.
+	UpstreamKey func(role string) string
 	// NodeName is this node's name, sent in ServedByHeader. "": none.
 	NodeName string
 	// AccessLog receives one line per request (info). Nil: none.
