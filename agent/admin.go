@@ -256,3 +256,13 @@ func (s meshStats) PeerStates() map[string]int {
 }
 
 func (s meshStats) Refusals() map[string]uint64 { return s.m.Refusals() }
+
+func (s meshStats) CertExpiries() map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, p := range s.m.Members() {
+		if !p.CertExpires.IsZero() {
+			out[p.Name] = p.CertExpires
+		}
+	}
+	return out
+}

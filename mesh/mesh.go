@@ -329,6 +329,16 @@ type PeerInfo struct {
 	Admitted   bool           // admitted right now
 	Why        string         // why not admitted
 	Self       bool
+	// CertExpires is when the node's admission certificate expires; zero
+	// when it gossips none.
+	CertExpires time.Time
+}
+
+func certExpires(c *identity.Certificate) time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.Expires
 }
 
 // Members lists this node and every live peer that passed admission when
@@ -341,13 +351,13 @@ func (m *Mesh) Members() []PeerInfo {
 		s, why := m.trust.admit(p.name, p.meta.key, p.meta.cert, p.certOK, now)
 		out = append(out, PeerInfo{
 			Name: p.name, GossipAddr: p.addr, QUICAddr: p.meta.quicAddr, PublicKey: p.meta.key,
-			Scope: s, Admitted: s != 0, Why: why,
+			Scope: s, Admitted: s != 0, Why: why, CertExpires: certExpires(p.meta.cert),
 		})
 	}
 	m.mu.RUnlock()
 	out = append(out, PeerInfo{
 		Name: m.name, GossipAddr: m.GossipAddr(), QUICAddr: m.cfg.QUICAddr, PublicKey: m.pub,
-		Scope: m.selfScope(), Admitted: true, Self: true,
+		Scope: m.selfScope(), Admitted: true, Self: true, CertExpires: certExpires(m.cert),
 	})
 	slices.SortFunc(out, func(a, b PeerInfo) int {
 		switch {

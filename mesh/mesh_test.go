@@ -487,3 +487,25 @@ func TestJoinRetriesUntilContextEnds(t *testing.T) {
 		t.Error("join gave up before its context ended")
 	}
 }
+
+// TestMembersCertExpiry: Members reports when each node's admission
+// certificate expires, this node's and the peers' as they gossip them.
+func TestMembersCertExpiry(t *testing.T) {
+	c := newTestCluster(t)
+	nodes := cluster(t, c, "a", "b")
+	want := map[string]time.Time{}
+	for _, n := range nodes {
+		cert, err := identity.ParseCertificate(n.m.cfg.Certificate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[n.name] = cert.Expires
+	}
+	got := map[string]time.Time{}
+	for _, p := range nodes[0].m.Members() {
+		got[p.Name] = p.CertExpires
+	}
+	if len(got) != 2 || !got["a"].Equal(want["a"]) || !got["b"].Equal(want["b"]) {
+		t.Errorf("certificate expiries %v, want %v", got, want)
+	}
+}

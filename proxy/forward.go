@@ -158,7 +158,7 @@ type attemptError struct {
 //
 // forward owns buf, the request body: it releases it once a response is
 // chosen, so a long stream does not hold it. asked must not point into it.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf *bodyBuf, asked []byte, cands []placement.Candidate) {
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source string, buf *bodyBuf, asked []byte, cands []placement.Candidate) {
 	body := buf.b
 	released := false
 	release := func() {
@@ -201,7 +201,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 		if err != nil {
 			if r.Context().Err() != nil {
 				// The client went away; nobody is left to answer.
-				p.done(role, target, 499, start, 0, true)
+				p.done(Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true}, start)
 				return
 			}
 			last = &attemptError{target: target, api: classify(err, target)}
@@ -221,21 +221,22 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 			continue
 		}
 		release()
-		p.respond(w, r, role, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", start)
+		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", start)
 		return
 	}
 	if last == nil {
 		WriteError(w, errNoInstance(role))
-		p.done(role, "", http.StatusServiceUnavailable, start, 0, false)
+		p.done(Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable}, start)
 		return
 	}
 	WriteError(w, last.api)
-	p.done(role, last.target, last.api.Status, start, 0, false)
+	p.done(Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status}, start)
 }
 
-func (p *Proxy) done(role, target string, status int, start time.Time, n int64, aborted bool) {
+func (p *Proxy) done(o Outcome, start time.Time) {
 	if obs := p.cfg.Observer; obs != nil {
-		obs.Done(role, target, status, time.Since(start), n, aborted)
+		o.Duration = time.Since(start)
+		obs.Done(o)
 	}
 }
 
@@ -371,13 +372,14 @@ func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, remote boo
 // respond relays resp to the client. rewrite says the instance was pinned to
 // its own model name, so the name the client asked for (asked, a JSON string
 // literal) is put back into the JSON body or into every SSE event.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target string, resp *http.Response, asked []byte, rewrite bool, start time.Time) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite bool, start time.Time) {
 	defer resp.Body.Close()
 	h := w.Header()
 	copyHeaders(h, resp.Header, false)
 	ct := resp.Header.Get("Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
+	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode}
 
 	if rewrite && isJSON && !sse {
 		buf := getBodyBuf()
@@ -387,14 +389,19 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 		if err != nil {
 			// Nothing was sent yet: the client gets a clean error.
 			WriteError(w, errUpstream(target+": reading response: "+err.Error()))
-			p.done(role, target, http.StatusBadGateway, start, 0, false)
+			o.Status = http.StatusBadGateway
+			p.done(o, start)
 			return
+		}
+		if p.cfg.Observer != nil && resp.StatusCode < 300 {
+			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(b)
 		}
 		b = rewriteModel(b, asked)
 		h["Content-Length"] = []string{strconv.Itoa(len(b))}
 		w.WriteHeader(resp.StatusCode)
 		n, _ := w.Write(b)
-		p.done(role, target, resp.StatusCode, start, int64(n), false)
+		o.Bytes = int64(n)
+		p.done(o, start)
 		return
 	}
 
@@ -410,16 +417,33 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	// With an observer, the body goes through a meter: the first SSE event
+	// and the tail, where the instance reports usage.
+	var dst io.Writer = w
+	var m *meter
+	if p.cfg.Observer != nil && resp.StatusCode < 300 && (sse || isJSON) {
+		m = getMeter(w, sse, start)
+		defer m.release()
+		dst = m
+	}
 	var n int64
 	var err error
 	if sse {
 		_ = rc.Flush()
-		n, err = copySSE(w, rc, resp.Body, asked, rewrite)
+		n, err = copySSE(dst, rc, resp.Body, asked, rewrite)
 	} else {
-		n, err = copyFlush(w, rc, resp.Body, false)
+		n, err = copyFlush(dst, rc, resp.Body, false)
+	}
+	o.Bytes = n
+	if m != nil {
+		o.FirstEvent = m.first
+		if err == nil {
+			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(m.tail)
+		}
 	}
 	if err != nil {
-		p.done(role, target, resp.StatusCode, start, n, true)
+		o.Aborted = true
+		p.done(o, start)
 		if r.Context().Err() != nil {
 			return // the client left; its request context already cancelled the upstream
 		}
@@ -429,7 +453,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, target str
 		// (for SSE a missing [DONE]; for HTTP/1.1 an unterminated chunked body).
 		panic(http.ErrAbortHandler)
 	}
-	p.done(role, target, resp.StatusCode, start, n, false)
+	p.done(o, start)
 }
 
 var errClientGone = errors.New("client write failed")

@@ -51,7 +51,7 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 	fail := func(w http.ResponseWriter, e *APIError) {
 		WriteError(w, e)
 		if obs := p.cfg.Observer; obs != nil {
-			obs.Done(role, "", e.Status, 0, 0, false)
+			obs.Done(Outcome{Role: role, Source: sourceApp, Status: e.Status})
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +97,7 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, errNoInstance(role))
 			return
 		}
-		p.forward(w, r, role, buf, asked, cands)
+		p.forward(w, r, role, sourceApp, buf, asked, cands)
 	})
 }
 
@@ -192,7 +192,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 		}
 		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
-		p.forward(w, r, role, buf, asked, cand)
+		p.forward(w, r, role, sourcePeer, buf, asked, cand)
 	}))
 }
 

@@ -44,12 +44,37 @@ type Observer interface {
 	// ("local" or the peer node id), the HTTP status (0 when no response was
 	// received), and the time to the response headers.
 	Attempt(role, target string, status int, err error, ttfb time.Duration)
-	// Done reports a finished request: its final status, total duration and
-	// bytes sent to the client, and whether the stream was aborted.
-	Done(role, target string, status int, d time.Duration, bytes int64, aborted bool)
+	// Done reports a finished request.
+	Done(o Outcome)
 	// StreamOpen and StreamClose bracket a streaming (SSE) response.
 	StreamOpen(role string)
 	StreamClose(role string)
+}
+
+// Outcome is one finished request as an Observer sees it.
+type Outcome struct {
+	Role string
+	// Target answered it: "local", a peer node id, or "" when no
+	// candidate saw the request (refused, or nothing serves the role).
+	Target string
+	// Source is who sent it: "app" (a role port or proxy.listen) or "peer"
+	// (a peer agent over the mesh, served here).
+	Source   string
+	Status   int
+	Duration time.Duration
+	// FirstEvent is the time to the first SSE event relayed to the client
+	// (the first token of a stream); 0 for a response that is not a stream
+	// or a stream that ended before any event.
+	FirstEvent time.Duration
+	// Bytes is the response body bytes sent to the client.
+	Bytes int64
+	// Aborted says the response was cut after it started.
+	Aborted bool
+	// Usage says the instance reported token usage (a JSON body's or the
+	// final SSE event's "usage"); then PromptTokens and CompletionTokens
+	// are its counts.
+	Usage                          bool
+	PromptTokens, CompletionTokens int64
 }
 
 // Config configures a Proxy. Zero values mean the defaults.

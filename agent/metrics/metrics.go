@@ -39,6 +39,9 @@ type MeshSource interface {
 	PeerStates() map[string]int
 	// Refusals counts the mesh's refusals by reason since start.
 	Refusals() map[string]uint64
+	// CertExpiries is when the admission certificate of this node and of
+	// each live peer expires, by node; nodes without one are left out.
+	CertExpiries() map[string]time.Time
 }
 
 var _ PlacementSource = (*placement.Table)(nil)
@@ -83,9 +86,11 @@ type Metrics struct {
 	failovers *prometheus.CounterVec
 	streams   *prometheus.GaugeVec
 	refusals  *prometheus.CounterVec
+	tokens    *prometheus.CounterVec
 
 	byCode   cache[codeKey, prometheus.Counter]
 	byTarget cache[targetKey, *targetChildren]
+	bySource cache[sourceKey, *sourceChildren]
 	byRole   cache[string, prometheus.Gauge]
 
 	mesh      atomic.Pointer[meshHolder]
@@ -95,15 +100,23 @@ type Metrics struct {
 type meshHolder struct{ src MeshSource }
 
 type codeKey struct {
-	role, target string
-	code         int
+	role, target, source string
+	code                 int
 }
 
 type targetKey struct{ role, target string }
 
+type sourceKey struct{ role, target, source string }
+
+// sourceChildren are the pre-resolved children of one (role, target,
+// source).
+type sourceChildren struct {
+	duration, ttft     prometheus.Observer
+	prompt, completion prometheus.Counter
+}
+
 // targetChildren are the pre-resolved children of one (role, target).
 type targetChildren struct {
-	duration, ttft                       prometheus.Observer
 	bytes, aborted                       prometheus.Counter
 	attemptOK, attemptFailed, attempt503 prometheus.Counter
 	failovers                            prometheus.Counter
@@ -125,21 +138,28 @@ func New(cfg Config) (*Metrics, error) {
 	}
 	m := &Metrics{reg: prometheus.NewRegistry(), instances: &instanceCollector{}}
 	rt := []string{"role", "target"}
+	rts := []string{"role", "target", "source"}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infermesh_requests_total",
-		Help: "Requests answered by the loopback proxy, by role, the target that answered (local, a peer node, or none) and HTTP status.",
-	}, []string{"role", "target", "code"})
+		Help: "Requests answered by the proxy, by role, the target that answered (local, a peer node, or none), " +
+			"source (app: a local app; peer: a peer agent, served here) and HTTP status.",
+	}, []string{"role", "target", "source", "code"})
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "infermesh_request_duration_seconds",
-		Help:    "Total request duration, streams included, by role and target.",
+		Help:    "Total request duration, streams included, by role, target and source.",
 		Buckets: cfg.LatencyBuckets,
-	}, rt)
+	}, rts)
 	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "infermesh_time_to_first_token_seconds",
-		Help: "Time from forwarding a request to the target's response headers, by role and target. " +
-			"OpenAI-compatible servers send them with the first token of a stream.",
+		Help: "Time from receiving a streamed (SSE) request to relaying the first event of its response " +
+			"(the first token), by role, target and source.",
 		Buckets: cfg.TTFTBuckets,
-	}, rt)
+	}, rts)
+	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infermesh_tokens_total",
+		Help: "Tokens the instances reported in their responses' usage (JSON bodies, the final SSE event), " +
+			"by role, target, source and kind (prompt, completion).",
+	}, []string{"role", "target", "source", "kind"})
 	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infermesh_response_bytes_total",
 		Help: "Response body bytes sent to clients, by role and target.",
@@ -173,7 +193,7 @@ func New(cfg Config) (*Metrics, error) {
 
 	cs := []prometheus.Collector{
 		m.requests, m.duration, m.ttft, m.bytes, m.aborted, m.attempts, m.failovers,
-		m.streams, m.refusals, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
+		m.streams, m.refusals, m.tokens, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
 	}
 	if !cfg.NoRuntimeCollectors {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -185,12 +205,18 @@ func New(cfg Config) (*Metrics, error) {
 	}
 
 	m.byCode.make = func(k codeKey) prometheus.Counter {
-		return m.requests.WithLabelValues(k.role, k.target, strconv.Itoa(k.code))
+		return m.requests.WithLabelValues(k.role, k.target, k.source, strconv.Itoa(k.code))
+	}
+	m.bySource.make = func(k sourceKey) *sourceChildren {
+		return &sourceChildren{
+			duration:   m.duration.WithLabelValues(k.role, k.target, k.source),
+			ttft:       m.ttft.WithLabelValues(k.role, k.target, k.source),
+			prompt:     m.tokens.WithLabelValues(k.role, k.target, k.source, "prompt"),
+			completion: m.tokens.WithLabelValues(k.role, k.target, k.source, "completion"),
+		}
 	}
 	m.byTarget.make = func(k targetKey) *targetChildren {
 		return &targetChildren{
-			duration:      m.duration.WithLabelValues(k.role, k.target),
-			ttft:          m.ttft.WithLabelValues(k.role, k.target),
 			bytes:         m.bytes.WithLabelValues(k.role, k.target),
 			aborted:       m.aborted.WithLabelValues(k.role, k.target),
 			attemptOK:     m.attempts.WithLabelValues(k.role, k.target, "ok"),
@@ -240,7 +266,7 @@ func targetLabel(target string) string {
 }
 
 // Attempt implements proxy.Observer.
-func (m *Metrics) Attempt(role, target string, status int, err error, ttfb time.Duration) {
+func (m *Metrics) Attempt(role, target string, status int, err error, _ time.Duration) {
 	c := m.byTarget.get(targetKey{role, targetLabel(target)})
 	switch {
 	case err != nil || status == 0:
@@ -249,27 +275,33 @@ func (m *Metrics) Attempt(role, target string, status int, err error, ttfb time.
 	case status == http.StatusServiceUnavailable:
 		c.attempt503.Inc()
 		c.failovers.Inc()
-		c.ttft.Observe(ttfb.Seconds())
 	default:
 		c.attemptOK.Inc()
-		c.ttft.Observe(ttfb.Seconds())
 	}
 }
 
 // Done implements proxy.Observer.
-func (m *Metrics) Done(role, target string, status int, d time.Duration, n int64, aborted bool) {
-	target = targetLabel(target)
-	m.byCode.get(codeKey{role, target, status}).Inc()
-	c := m.byTarget.get(targetKey{role, target})
+func (m *Metrics) Done(o proxy.Outcome) {
+	target := targetLabel(o.Target)
+	m.byCode.get(codeKey{o.Role, target, o.Source, o.Status}).Inc()
+	c := m.byTarget.get(targetKey{o.Role, target})
 	if target != targetNone {
 		// A request no candidate saw (refused, or nothing serves the
 		// role) took no serving time: it would pull the latency down.
-		c.duration.Observe(d.Seconds())
+		s := m.bySource.get(sourceKey{o.Role, target, o.Source})
+		s.duration.Observe(o.Duration.Seconds())
+		if o.FirstEvent > 0 {
+			s.ttft.Observe(o.FirstEvent.Seconds())
+		}
+		if o.Usage {
+			s.prompt.Add(float64(o.PromptTokens))
+			s.completion.Add(float64(o.CompletionTokens))
+		}
 	}
-	if n > 0 {
-		c.bytes.Add(float64(n))
+	if o.Bytes > 0 {
+		c.bytes.Add(float64(o.Bytes))
 	}
-	if aborted {
+	if o.Aborted {
 		c.aborted.Inc()
 	}
 }
@@ -337,10 +369,13 @@ var (
 		"Mesh members other than this node, by state.", []string{"state"}, nil)
 	descMeshRefusals = prometheus.NewDesc("infermesh_mesh_refusals_total",
 		"Gossip messages and nodes the mesh refused, by reason.", []string{"reason"}, nil)
+	descCertExpiry = prometheus.NewDesc("infermesh_certificate_expiry_timestamp_seconds",
+		"When the admission certificate of this node and of each live peer expires (Unix time), by node; "+
+			"nodes admitted by static trust have none.", []string{"node"}, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals} {
+	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals, descCertExpiry} {
 		ch <- d
 	}
 }
@@ -380,6 +415,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for reason, n := range h.src.Refusals() {
 			ch <- prometheus.MustNewConstMetric(descMeshRefusals, prometheus.CounterValue, float64(n), reason)
+		}
+		for node, t := range h.src.CertExpiries() {
+			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(t.Unix()), node)
 		}
 	}
 }

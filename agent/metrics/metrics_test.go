@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -31,10 +32,10 @@ func newForTest(t *testing.T, src PlacementSource) *Metrics {
 }
 
 // demo serves the demo model on loopback and returns its base URL.
-func demo(t *testing.T) string {
+func demo(t *testing.T, model string) string {
 	t.Helper()
 	cfg := demomodel.DefaultConfig()
-	cfg.Model = "demo"
+	cfg.Model = model
 	srv, err := demomodel.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -74,10 +75,14 @@ func TestProxyObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := table.RegisterLocal("chat", placement.Local{Base: demo(t), Model: "demo"}); err != nil {
+	if err := table.RegisterLocal("chat", placement.Local{Base: demo(t, "demo"), Model: "demo"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := table.RegisterLocal("dead", placement.Local{Base: deadBase(t), Model: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	// Not pinned: the body is relayed as it is, not rewritten.
+	if err := table.RegisterLocal("raw", placement.Local{Base: demo(t, "raw")}); err != nil {
 		t.Fatal(err)
 	}
 	m := newForTest(t, table)
@@ -98,16 +103,25 @@ func TestProxyObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	code, body := post(t, "http://"+chat.String()+"/v1/chat/completions",
-		`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
-	if code != 200 || !strings.Contains(body, "[DONE]") {
-		t.Fatalf("stream = %d %q", code, body)
+	raw, err := p.Listen("raw", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	code, _ = post(t, "http://"+chat.String()+"/v1/chat/completions",
-		`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`)
-	if code != 200 {
-		t.Fatalf("non-stream = %d", code)
+
+	// Every answer reports usage (the streams because they ask for it),
+	// rewritten (chat) or relayed as it is (raw): 16 completion tokens
+	// each, the demo model's default.
+	for role, port := range map[string]net.Addr{"chat": chat, "raw": raw} {
+		code, body := post(t, "http://"+port.String()+"/v1/chat/completions",
+			`{"model":"`+role+`","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+		if code != 200 || !strings.Contains(body, "[DONE]") || !strings.Contains(body, `"completion_tokens":16`) {
+			t.Fatalf("stream = %d %q", code, body)
+		}
+		code, body = post(t, "http://"+port.String()+"/v1/chat/completions",
+			`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`)
+		if code != 200 || !strings.Contains(body, `"completion_tokens":16`) {
+			t.Fatalf("non-stream = %d %q", code, body)
+		}
 	}
 	if code, _ := post(t, "http://"+dead.String()+"/v1/chat/completions", `{"model":"dead"}`); code != 502 {
 		t.Fatalf("dead upstream = %d, want 502", code)
@@ -127,10 +141,12 @@ func TestProxyObserved(t *testing.T) {
 		got  float64
 		want float64
 	}{
-		{"requests chat/local/200", testutil.ToFloat64(m.requests.WithLabelValues("chat", "local", "200")), 2},
-		{"requests dead/local/502", testutil.ToFloat64(m.requests.WithLabelValues("dead", "local", "502")), 1},
-		{"requests empty/none/503", testutil.ToFloat64(m.requests.WithLabelValues("empty", "none", "503")), 1},
-		{"requests chat/none/404", testutil.ToFloat64(m.requests.WithLabelValues("chat", "none", "404")), 1},
+		{"requests chat/local/200", testutil.ToFloat64(m.requests.WithLabelValues("chat", "local", "app", "200")), 2},
+		{"requests dead/local/502", testutil.ToFloat64(m.requests.WithLabelValues("dead", "local", "app", "502")), 1},
+		{"requests empty/none/503", testutil.ToFloat64(m.requests.WithLabelValues("empty", "none", "app", "503")), 1},
+		{"requests chat/none/404", testutil.ToFloat64(m.requests.WithLabelValues("chat", "none", "app", "404")), 1},
+		{"completion tokens chat", testutil.ToFloat64(m.tokens.WithLabelValues("chat", "local", "app", "completion")), 32},
+		{"completion tokens raw", testutil.ToFloat64(m.tokens.WithLabelValues("raw", "local", "app", "completion")), 32},
 		{"attempts chat ok", testutil.ToFloat64(m.attempts.WithLabelValues("chat", "local", "ok")), 2},
 		{"attempts dead error", testutil.ToFloat64(m.attempts.WithLabelValues("dead", "local", "error")), 1},
 		{"failovers dead", testutil.ToFloat64(m.failovers.WithLabelValues("dead", "local")), 1},
@@ -145,16 +161,23 @@ func TestProxyObserved(t *testing.T) {
 	if b := testutil.ToFloat64(m.bytes.WithLabelValues("chat", "local")); b <= 0 {
 		t.Errorf("response bytes chat/local = %v, want > 0", b)
 	}
-	// Both chat requests are in the duration and TTFT histograms.
+	for _, role := range []string{"chat", "raw"} {
+		if n := testutil.ToFloat64(m.tokens.WithLabelValues(role, "local", "app", "prompt")); n <= 0 {
+			t.Errorf("prompt tokens %s = %v, want > 0", role, n)
+		}
+	}
+	// Both chat requests are in the duration histogram, the stream alone
+	// in the first-token one.
 	exp := scrape(t, m)
-	for _, refused := range []string{`role="chat",target="none"`, `role="empty",target="none"`} {
+	for _, refused := range []string{`role="chat",source="app",target="none"`, `role="empty",source="app",target="none"`} {
 		if c := "infermesh_request_duration_seconds_count{" + refused + "} "; strings.Contains(exp, c) && !strings.Contains(exp, c+"0\n") {
 			t.Errorf("a refused request (%s) is in the latency histogram", refused)
 		}
 	}
 	for _, want := range []string{
-		`infermesh_request_duration_seconds_count{role="chat",target="local"} 2`,
-		`infermesh_time_to_first_token_seconds_count{role="chat",target="local"} 2`,
+		`infermesh_request_duration_seconds_count{role="chat",source="app",target="local"} 2`,
+		`infermesh_time_to_first_token_seconds_count{role="chat",source="app",target="local"} 1`,
+		`infermesh_time_to_first_token_seconds_count{role="raw",source="app",target="local"} 1`,
 		`infermesh_local_instances{role="chat"} 1`,
 		`infermesh_build_info{version="test"} 1`,
 		`infermesh_placement_generation `,
@@ -162,6 +185,79 @@ func TestProxyObserved(t *testing.T) {
 		if !strings.Contains(exp, want) {
 			t.Errorf("exposition lacks %q", want)
 		}
+	}
+}
+
+// TestFirstTokenIsTheFirstEvent: an instance sends its stream's headers at
+// once and its first event only after the test saw the headers and waited
+// gap; the first-token time covers the gap (headers alone would not).
+func TestFirstTokenIsTheFirstEvent(t *testing.T) {
+	const gap = 300 * time.Millisecond
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	table, err := placement.New(placement.Config{NodeID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := table.RegisterLocal("chat", placement.Local{Base: up.URL}); err != nil {
+		t.Fatal(err)
+	}
+	m := newForTest(t, table)
+	p, err := proxy.New(proxy.Config{Resolver: table, Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	addr, err := p.Listen("chat", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+addr.String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"chat","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	time.Sleep(gap) // the delay measured, after the headers arrived
+	close(release)
+	if b, _ := io.ReadAll(resp.Body); !strings.Contains(string(b), "[DONE]") {
+		t.Fatalf("stream %q", b)
+	}
+	waitFor(t, func() bool { return testutil.CollectAndCount(m.ttft) == 1 })
+	exp := scrape(t, m)
+	const sum = `infermesh_time_to_first_token_seconds_sum{role="chat",source="app",target="local"} `
+	i := strings.Index(exp, sum)
+	if i < 0 {
+		t.Fatalf("no first-token sum:\n%s", exp)
+	}
+	var got float64
+	if _, err := fmt.Sscan(exp[i+len(sum):], &got); err != nil {
+		t.Fatal(err)
+	}
+	if got < gap.Seconds() {
+		t.Errorf("first token after %vs, want at least the %v between the headers and the first event", got, gap)
+	}
+}
+
+// waitFor polls cond for up to a minute (a loaded machine).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -180,6 +276,9 @@ type fakeMesh struct{}
 func (fakeMesh) PeerStates() map[string]int { return map[string]int{"admitted": 2, "not_admitted": 1} }
 func (fakeMesh) Refusals() map[string]uint64 {
 	return map[string]uint64{"bad_signature": 3}
+}
+func (fakeMesh) CertExpiries() map[string]time.Time {
+	return map[string]time.Time{"a": time.Unix(1900000000, 0)}
 }
 
 func TestScrapeSources(t *testing.T) {
@@ -211,6 +310,7 @@ func TestScrapeSources(t *testing.T) {
 		`infermesh_peers{state="admitted"} 2`,
 		`infermesh_peers{state="not_admitted"} 1`,
 		`infermesh_mesh_refusals_total{reason="bad_signature"} 3`,
+		`infermesh_certificate_expiry_timestamp_seconds{node="a"} 1.9e+09`,
 		`infermesh_refusals_total{reason="node not allowlisted for role"} 1`,
 	} {
 		if !strings.Contains(exp, want) {
@@ -238,7 +338,8 @@ func TestObserverAllocations(t *testing.T) {
 		m.Attempt("chat", "local", 200, nil, 3*time.Millisecond)
 		m.StreamOpen("chat")
 		m.StreamClose("chat")
-		m.Done("chat", "local", 200, 40*time.Millisecond, 1234, false)
+		m.Done(proxy.Outcome{Role: "chat", Target: "local", Source: "app", Status: 200, Duration: 40 * time.Millisecond,
+			FirstEvent: 5 * time.Millisecond, Bytes: 1234, Usage: true, PromptTokens: 3, CompletionTokens: 16})
 	}
 	path()
 	if n := testing.AllocsPerRun(200, path); n != 0 {
@@ -255,7 +356,7 @@ func BenchmarkObserver(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			m.Attempt("chat", "local", 200, nil, time.Millisecond)
-			m.Done("chat", "local", 200, 10*time.Millisecond, 100, false)
+			m.Done(proxy.Outcome{Role: "chat", Target: "local", Source: "app", Status: 200, Duration: 10 * time.Millisecond, Bytes: 100})
 		}
 	})
 }
