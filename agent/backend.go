@@ -74,6 +74,7 @@ var (
 // Audit kinds of the admin socket.
 const (
 	AuditAdminPolicy  = "admin.policy"
+	AuditAdminPull    = "admin.instance.pull"
 	AuditAdminReset   = "admin.policy.reset"
 	AuditAdminKeyring = "admin.keyring"
 	AuditAdminReload  = "admin.reload"

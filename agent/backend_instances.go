@@ -59,6 +59,46 @@ func (b *Backend) StopInstance(ctx context.Context, by admin.Caller, role string
 	return adminInstance(s), nil
 }
 
+// PullInstance implements admin.PullBackend with the Docker provider's
+// pull, the one an instance's first start uses.
+func (b *Backend) PullInstance(ctx context.Context, by admin.Caller, role string, progress func(string) error) error {
+	r, ok := b.cfg.Load().Roles[role]
+	if !ok || r.Instance == nil {
+		return admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	}
+	if rt := r.Instance.Runtime; rt != "" && rt != provision.RuntimeDocker {
+		return admin.Errorf(admin.ErrInvalid, "role %q has a %s instance: only a docker instance has an image to pull", role, rt)
+	}
+	b.a.mu.Lock()
+	prov := b.a.prov
+	b.a.mu.Unlock()
+	if prov == nil || prov.docker == nil {
+		return errNoProvisioning
+	}
+	img := r.Instance.Image
+	b.a.audit.Record(Event{Kind: AuditAdminPull, Role: role, Fields: map[string]string{"by": by.String(), "image": img}})
+	var werr error
+	pulled := false
+	sink := provision.SinkFunc(func(o provision.Observation) {
+		pulled = true
+		if werr == nil {
+			werr = progress(o.Line)
+		}
+	})
+	err := prov.docker.EnsureImage(ctx, provision.ProvisionSpec{Image: img}, sink)
+	switch {
+	case errors.Is(err, provision.ErrImageNotFound):
+		return admin.Errorf(admin.ErrNotFound, "%v", err)
+	case err != nil:
+		return err
+	case werr != nil:
+		return werr
+	case !pulled:
+		return progress("image " + img + " is already on this host")
+	}
+	return nil
+}
+
 // adminInstance is the admin API's view of an instance.
 func adminInstance(s provision.InstanceStatus) admin.Instance {
 	return admin.Instance{

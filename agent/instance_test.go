@@ -27,26 +27,9 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uses the Docker engine; skipped in -short mode only")
 	}
-	root, _ := filepath.Abs("..")
 	const image = "infermesh-demo:agent-test" // provision's tests build testimage.Tag in parallel
-	if err := testimage.Build(root, image); err != nil {
-		t.Fatalf("building the test image: %v", err)
-	}
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	site := fmt.Sprintf("agent-e2e-%x", time.Now().UnixNano()&0xffffff)
+	cli, site := dockerSite(t, "agent-e2e", image)
 	siteFilter := filters.NewArgs(filters.Arg("label", provision.LabelSite+"="+site))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		list, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: siteFilter})
-		for _, c := range list {
-			_ = cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
-		}
-		_ = cli.Close()
-	})
 
 	dir := t.TempDir()
 	cfgText := func(withRole bool) string {
@@ -160,4 +143,31 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 		return err == nil && len(list) == 0
 	})
 	_ = a
+}
+
+// dockerSite builds image (the demo model's test image) and returns a
+// Docker client and a new site name whose containers are removed when the
+// test ends.
+func dockerSite(t *testing.T, prefix, image string) (*client.Client, string) {
+	t.Helper()
+	root, _ := filepath.Abs("..")
+	if err := testimage.Build(root, image); err != nil {
+		t.Fatalf("building the test image: %v", err)
+	}
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	site := fmt.Sprintf("%s-%x", prefix, time.Now().UnixNano()&0xffffff)
+	siteFilter := filters.NewArgs(filters.Arg("label", provision.LabelSite+"="+site))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		list, _ := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: siteFilter})
+		for _, c := range list {
+			_ = cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+		}
+		_ = cli.Close()
+	})
+	return cli, site
 }

@@ -63,6 +63,15 @@ type Backend interface {
 	StopInstance(ctx context.Context, by Caller, role string) (Instance, error)
 }
 
+// PullBackend is a Backend that can fetch a managed instance's image.
+type PullBackend interface {
+	// PullInstance makes role's instance image present on the host,
+	// pulling it when missing and calling progress with each line to
+	// report; ErrNotFound without a docker instance for role or when the
+	// image cannot be pulled.
+	PullInstance(ctx context.Context, by Caller, role string, progress func(line string) error) error
+}
+
 // Errors a Backend wraps so the client learns what happened; the client
 // returns errors that match them with errors.Is.
 var (

@@ -222,6 +222,13 @@ func (c *Client) RemoveNode(ctx context.Context, name string, fn func(NodeEvent)
 	return c.nodeStream(ctx, "/v0/nodes/"+url.PathEscape(name)+"/remove", struct{}{}, fn)
 }
 
+// PullInstance is POST /v0/instances/{role}/pull: fn sees each progress
+// line (log events) and the end; an image that cannot be had returns a
+// *NodeFailedError with the reason.
+func (c *Client) PullInstance(ctx context.Context, role string, fn func(NodeEvent) error) error {
+	return c.nodeStream(ctx, "/v0/instances/"+url.PathEscape(role)+"/pull", struct{}{}, fn)
+}
+
 // ErrStreamCut is returned when the agent's stream ends before a terminal
 // event (the agent stopped or crashed).
 var ErrStreamCut = errors.New("the agent ended the stream before the node was done (it stopped?)")

@@ -199,6 +199,23 @@ func (s *Server) routes() http.Handler {
 	write("/v0/instances/{role}/retry", func(w http.ResponseWriter, r *http.Request, c Caller) {
 		reply(w, r, func(ctx context.Context) (Instance, error) { return b.RetryInstance(ctx, c, r.PathValue("role")) })
 	})
+	write("/v0/instances/{role}/pull", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		pb, ok := b.(PullBackend)
+		if !ok {
+			writeError(w, Errorf(ErrNotConfigured, "pulling images is not available"))
+			return
+		}
+		role := r.PathValue("role")
+		s.nodeStream(w, r, func(emit func(NodeEvent) error) error {
+			err := pb.PullInstance(r.Context(), c, role, func(line string) error {
+				return emit(NodeEvent{Time: time.Now().UTC(), Kind: NodeEventLog, Line: line})
+			})
+			if err == nil {
+				return emit(NodeEvent{Time: time.Now().UTC(), Kind: NodeEventDone, Message: "image ready for role " + role})
+			}
+			return err
+		})
+	})
 	read("/metrics", func(w http.ResponseWriter, r *http.Request, _ Caller) {
 		if s.cfg.Metrics == nil {
 			writeError(w, Errorf(ErrNotConfigured, "metrics are not enabled"))

@@ -390,7 +390,34 @@ func newInstancesCmd(a *app) *cobra.Command {
 			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
 		},
 	}
-	cmd.AddCommand(logs, retry, stop)
+	pull := &cobra.Command{
+		Use:   "pull ROLE",
+		Short: "Pull a docker instance's image now, with its progress (an instance's first start pulls a missing image too)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := a.client()
+			defer c.Close()
+			return c.PullInstance(cmd.Context(), args[0], func(e admin.NodeEvent) error {
+				if a.json {
+					b, err := json.Marshal(e)
+					if err != nil {
+						return err
+					}
+					_, err = fmt.Fprintf(a.out, "%s\n", b)
+					return err
+				}
+				var err error
+				switch e.Kind {
+				case admin.NodeEventLog:
+					_, err = fmt.Fprintln(a.out, e.Line)
+				case admin.NodeEventDone:
+					_, err = fmt.Fprintln(a.out, e.Message)
+				}
+				return err
+			})
+		},
+	}
+	cmd.AddCommand(logs, retry, stop, pull)
 	return cmd
 }
 
