@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -48,6 +49,7 @@ type MeshAPI interface {
 	Revoked() []string
 	Refusals() map[string]uint64
 	JoinNow(addrs []string) (int, error)
+	RotateGossipKey(ctx context.Context, p mesh.KeyPusher) (mesh.RotateResult, error)
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.
@@ -73,6 +75,7 @@ const (
 	AuditAdminPolicy  = "admin.policy"
 	AuditAdminReset   = "admin.policy.reset"
 	AuditAdminKeyring = "admin.keyring"
+	AuditKeyRotated   = "mesh.keyring.rotated"
 	AuditAdminReload  = "admin.reload"
 	AuditAdminRefused = "admin.refused"
 	AuditAdminRetry   = "admin.instance.retry"

@@ -366,6 +366,10 @@ func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_
 
 func (f *fakeMesh) JoinNow([]string) (int, error) { return 0, errors.New("fake mesh: no network") }
 
+func (f *fakeMesh) RotateGossipKey(context.Context, mesh.KeyPusher) (mesh.RotateResult, error) {
+	return mesh.RotateResult{}, errors.New("fake mesh: no network")
+}
+
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()
 	cfg := adminConfigFile(t, dir, basePolicy, testnet.TCPPort(t, "127.0.0.1"))

@@ -86,9 +86,12 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	if n.Name == m.name {
 		return
 	}
-	m.mu.RLock()
+	m.mu.Lock()
 	p := m.peers[n.Name]
-	m.mu.RUnlock()
+	if p != nil {
+		p.gossipGone = true
+	}
+	m.mu.Unlock()
 	if p == nil {
 		return
 	}

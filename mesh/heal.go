@@ -200,17 +200,16 @@ func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(st
 	liveName := map[string]bool{}
 	type seen struct{ name, addr string }
 	var live []seen
-	// Live as memberlist sees it: a peer kept because it answered over
-	// QUIC while gossip calls it dead still needs the gossip merged.
-	for _, n := range m.ml.Members() {
-		if n.Name == m.name || (n.State != memberlist.StateAlive && n.State != memberlist.StateSuspect) {
-			continue
-		}
-		liveAddr[n.Address()], liveName[n.Name] = true, true
-		live = append(live, seen{n.Name, n.Address()})
-	}
 	m.mu.RLock()
 	t := m.trust
+	for _, p := range m.peers {
+		// Live as gossip sees it: a peer kept because it answered over
+		// QUIC while gossip calls it gone still needs the gossip merged.
+		if !p.gossipGone {
+			liveAddr[p.addr], liveName[p.name] = true, true
+			live = append(live, seen{p.name, p.addr})
+		}
+	}
 	revoked := map[string]bool{}
 	for _, p := range m.departed {
 		if t.revoked(p.name, p.meta.key) {

@@ -101,6 +101,9 @@ type peer struct {
 	addr   string // gossip address
 	meta   *nodeMeta
 	certOK bool // meta.cert verified against the current authorities
+	// gossipGone: gossip said it left or died, and it is kept while the
+	// QUIC transport confirms it alive (see peerGone). Written under mu.
+	gossipGone bool
 }
 
 // New loads (or creates) the node key, loads the keyring, starts memberlist

@@ -451,6 +451,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		t.serveProbe(w)
 		return
 	}
+	if r.URL.Path == keyringPath {
+		t.serveKeyring(w, r, v.node)
+		return
+	}
 	if t.cfg.Handler == nil {
 		writePeerError(w, http.StatusNotFound, "not_found_error", "unknown_url", "nothing is served to peers here")
 		return

@@ -100,6 +100,13 @@ type TransportConfig struct {
 	// probe (Transport.ConfirmAlive, from peers) then answers so, and peers
 	// forget this node at once. Nil: never leaving. Usually Mesh.Leaving.
 	Leaving func() bool
+	// Keyring applies keyring changes that full-scope peers send
+	// (Mesh.RotateGossipKey on another node). Nil: none are taken.
+	// Usually the Mesh.
+	Keyring KeyringChanger
+	// OnKeyring is told of every keyring change a peer made here (op, and
+	// the key in base64: never log it). Nil: none.
+	OnKeyring func(peer, op, key string)
 }
 
 // DefaultTransportConfig returns the defaults (without identity, address or

@@ -180,6 +180,8 @@ type ResetResult struct {
 type Keyring struct {
 	Members int         `json:"members"` // live mesh members, this node included
 	Keys    []GossipKey `json:"keys"`    // primary first
+	// Note says how a cluster-wide change went (keyring rotate).
+	Note string `json:"note,omitempty"`
 }
 
 // GossipKey is one gossip key and how many members hold it. Key is the
@@ -196,6 +198,9 @@ const (
 	KeyringInstall = "install"
 	KeyringUse     = "use"
 	KeyringRemove  = "remove"
+	// KeyringRotate makes a new key the only one on this node and every
+	// admitted peer (sent over QUIC); no key is given.
+	KeyringRotate = "rotate"
 )
 
 // KeyringChange is POST /v0/keyring/{op}.

@@ -253,6 +253,9 @@ func renderKeyring(k admin.Keyring) string {
 		}
 		rows = append(rows, []string{g.Fingerprint, dash(primary), fmt.Sprintf("%d/%d", g.Nodes, k.Members), dash(g.Key)})
 	}
+	if k.Note != "" {
+		return k.Note + "\n" + table(rows)
+	}
 	return table(rows)
 }
 
