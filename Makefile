@@ -2,10 +2,10 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick lint clean node-image
+.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e
 
 all: build
 
@@ -24,6 +24,10 @@ node-image:
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
 
+## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
+e2e:
+	$(GO) test -tags e2e -count=1 -timeout 30m -v -run TestClusterFaults ./e2e/
+
 test-short:
 	$(GO) test -count=1 -short ./...
 
@@ -41,3 +45,10 @@ lint:
 
 clean:
 	rm -rf $(BIN) bench/results
+
+## fuzz-quick: the differential fuzzers (against net/http) and the model rewriter, time-boxed for CI
+FUZZTIME ?= 25s
+fuzz-quick:
+	$(GO) test -run '^$$' -fuzz '^FuzzH1RequestVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzResponseVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzRewriteModel$$' -fuzztime 15s -parallel 1 ./proxy

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -55,7 +54,7 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(filepath.Join(a.cfg.Node.StateDir, store.FileName), store.Options{LockTimeout: opts.StoreLockTimeout})
+	st, err := a.openStore(opts.StoreLockTimeout)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err
@@ -119,6 +118,11 @@ func (ad *Admin) Serve(ctx context.Context) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", ad.metrics.Handler())
+		// Liveness and readiness (every role has a candidate), for a
+		// central monitor or a load balancer in front of the node.
+		probes := ad.a.proxy.ProbeHandler(ad.a.roleNames, nil)
+		mux.Handle("GET /health", probes)
+		mux.Handle("GET /ready", probes)
 		ad.metricsLn = ln
 		ad.metricsHS = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		ad.wg.Add(1)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,6 +61,15 @@ type Options struct {
 	AdminTuning func(*AdminOptions)
 	// NodeTuning adjusts node bootstrap (tests: timeouts, binaries).
 	NodeTuning func(*NodeOptions)
+	// ResetState starts over with a state store Run would refuse (damaged,
+	// gone while its policy mirror is there, disagreeing with the mirror):
+	// the damaged files are kept aside, the run-time overrides restored
+	// from the mirror when it verifies. infermeshd -reset-state.
+	ResetState bool
+	// NewIdentity lets Run make a new node key where one is missing on a
+	// node that ran before (its state store is there); without it, Run
+	// refuses. infermeshd -new-identity.
+	NewIdentity bool
 }
 
 // DevModel starts an in-process model server for dev mode, serving model
@@ -125,6 +135,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	var accessLog *zap.Logger
+	if cfg.Proxy.AccessLogOn() {
+		accessLog = a.log.Named("access")
+	}
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -133,6 +147,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
 		Observer:        a.metrics,
+		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
+		NodeName:        cfg.Node.Name,
+		AccessLog:       accessLog,
+		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {
@@ -178,6 +196,12 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 // Audit returns the agent's audit log.
 func (a *Agent) Audit() *Auditor { return a.audit }
 
+// roleNames lists the configured roles, sorted.
+func (a *Agent) roleNames() []string { return sortedKeys(a.cfg.Roles) }
+
+// SharedAddr returns the bound address of proxy.listen.
+func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
+
 // RoleAddr returns the bound loopback address of a role's port.
 func (a *Agent) RoleAddr(role string) (net.Addr, bool) {
 	a.mu.Lock()
@@ -210,6 +234,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	if err := a.checkIdentity(); err != nil {
+		return err
+	}
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's
 	// admission.
@@ -227,10 +254,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("mesh.quic: %w", err)
 		}
 		defer tr.Close()
+		// The transport outlives the signal: streams peers forwarded to us
+		// drain like our own clients' (shutdownTransport below, after the
+		// proxy's drain). Its context ends only when Run returns.
+		trCtx, trCancel := context.WithCancel(context.WithoutCancel(runCtx))
+		defer trCancel()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.serveTransport(runCtx, tr)
+			a.serveTransport(trCtx, tr)
 		}()
 	}
 
@@ -312,6 +344,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.table.SetProxyPort(name, port)
 		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
 	}
+	if l := a.cfg.Proxy.Listen; l != "" {
+		addr, err := a.proxy.ListenShared(l, func() []string { return slices.Clone(roles) })
+		if err != nil {
+			_ = a.proxy.Shutdown(context.Background())
+			return fmt.Errorf("proxy.listen: %w", err)
+		}
+		a.log.Info("shared port listening: every role, routed by model", zap.String("addr", addr.String()))
+	}
 
 	wg.Add(1)
 	go func() {
@@ -353,9 +393,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.prov = prov
 		a.mu.Unlock()
 		defer prov.close()
+		mgrDone := make(chan struct{})
+		// Runs before prov.close: the instances configured to stop with
+		// the agent are stopped once their supervisors have ended.
+		defer a.stopWithAgent(prov.mgr, mgrDone)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
+			defer close(mgrDone)
 			if err := prov.mgr.Run(runCtx); err != nil {
 				a.log.Error("instance manager stopped", zap.Error(err))
 			}

@@ -13,16 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		bins.Remove()
-		os.Exit(code)
-	}))
+	leakcheck.VerifyTestMain(m, bins.Remove)
 }
 
 // runAgent starts a with cfg and stops it at cleanup.
@@ -52,10 +48,11 @@ func runAgent(t *testing.T, cfg *Config, opts Options) *Agent {
 	return a
 }
 
-// waitFor polls cond every 10ms until it holds, failing t after 10s.
+// waitFor polls cond every 10ms until it holds, failing t after 30s: a
+// bound for a machine with a load average of 15 under -race, not a speed.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -62,6 +62,8 @@ type InstanceAPI interface {
 	// Retry starts a given-up instance again (provision.ErrNoInstance,
 	// provision.ErrNotFailed).
 	Retry(role string) error
+	// Stop stops role's instance until Retry (provision.ErrNoInstance).
+	Stop(ctx context.Context, role string) error
 }
 
 var (
@@ -79,6 +81,7 @@ const (
 	AuditAdminReload  = "admin.reload"
 	AuditAdminRefused = "admin.refused"
 	AuditAdminRetry   = "admin.instance.retry"
+	AuditAdminStop    = "admin.instance.stop"
 )
 
 // AdminOptions are the parts of the agent the admin backend reaches that

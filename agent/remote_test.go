@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
@@ -47,6 +48,7 @@ type testUpstream struct {
 	cancelled atomic.Int32 // requests whose context ended before the handler finished
 	mu        sync.Mutex
 	models    []string // the model field of every request body
+	ids       []string // the X-Request-Id of every request
 	stop      func()
 }
 
@@ -73,6 +75,7 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			_ = json.Unmarshal(body, &m)
 			u.mu.Lock()
 			u.models = append(u.models, m.Model)
+			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
@@ -111,9 +114,12 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
+	// shutdown is proxy.shutdown_timeout of every node (default 2s).
+	shutdown time.Duration
 	// joins overrides the node a node's mesh.join names ("": none; the
 	// default is the first node, for every other node).
-	joins map[string]string
+	joins  map[string]string
+	shared map[string]bool // nodes that also serve proxy.listen (any free port)
 }
 
 type meshNode struct {
@@ -195,7 +201,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for _, other := range tm.order {
 		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
 	}
-	b.WriteString("proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: 2s}\n")
+	fmt.Fprintf(&b, "proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
@@ -222,6 +228,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for role, r := range cfg.Roles {
 		r.Port = 0 // any free loopback port; RoleAddr tells which
 		cfg.Roles[role] = r
+	}
+	if tm.shared[name] {
+		cfg.Proxy.Listen = n.ip + ":0"
 	}
 	a, err := New(cfg, Options{
 		MeshTuning: func(c *mesh.Config) {
@@ -311,7 +320,7 @@ func (n *meshNode) audited(kind, why string) bool {
 // transport to peer, bypassing n's placement.
 func (n *meshNode) sendDirect(t *testing.T, peer, role string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+peer+"/v1/chat/completions",
 		strings.NewReader(`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`))
@@ -501,7 +510,7 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			tc := &tls.Config{Certificates: tt.certs(t), InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}}
 			conn, err := quic.DialAddr(ctx, b.quic, tc, nil)
@@ -688,5 +697,117 @@ func TestRemoteRequestNeverBounces(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || uc.requests.Load() != 1 {
 		t.Errorf("b's own request: status %d, c served %d; want 200 and 1", resp.StatusCode, uc.requests.Load())
+	}
+}
+
+// TestRouteHintsANearRoleName: a asks for chat, b advertises chats (a typo
+// on one side). route chat on a names b's role as the one probably meant,
+// and an unknown role's not-found error does too.
+func TestRouteHintsANearRoleName(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chats": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a refuses b's advert of chats", func() bool {
+		return slices.ContainsFunc(a.agent.Audit().Recent(), func(e Event) bool {
+			return e.Kind == placement.AuditAdvertRefused && e.Role == "chats" && e.Node == "b"
+		})
+	})
+	a.agent.mu.Lock()
+	be := a.agent.admin.Backend()
+	a.agent.mu.Unlock()
+	rt, err := be.Route(context.Background(), "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `role "chats" is advertised by b: did you mean it?`; !slices.Contains(rt.Hints, want) {
+		t.Errorf("route chat hints = %q, want %q", rt.Hints, want)
+	}
+	if _, err := be.Route(context.Background(), "chatz"); err == nil || !strings.Contains(err.Error(), `role "chats" is advertised by b`) {
+		t.Errorf("route chatz = %v, want not found with the hint", err)
+	}
+	if _, err := be.Route(context.Background(), "chats"); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("route chats = %v; want not found, with no hint for the name itself", err)
+	}
+}
+
+// TestRequestIDAndServedByAcrossTheMesh: a request served by a peer keeps
+// one id on both hops (the app's, or the one a makes), and the response
+// names the peer that served it.
+func TestRequestIDAndServedByAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	for i, sent := range []string{"app-trace-42", ""} {
+		req, _ := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
+			strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+		if sent != "" {
+			req.Header.Set(proxy.RequestIDHeader, sent)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		id := resp.Header.Get(proxy.RequestIDHeader)
+		ub.mu.Lock()
+		seen := ub.ids[i]
+		ub.mu.Unlock()
+		if resp.StatusCode != 200 || id == "" || id != seen || (sent != "" && id != sent) {
+			t.Errorf("request %d: status %d, response id %q, b's instance saw %q, app sent %q", i, resp.StatusCode, id, seen, sent)
+		}
+		if by := resp.Header.Get(proxy.ServedByHeader); by != "b" {
+			t.Errorf("request %d: %s = %q, want b", i, proxy.ServedByHeader, by)
+		}
+	}
+}
+
+// TestSharedPortAcrossTheMesh: a's shared port lists what a can reach now
+// (its own role and b's, within the allowlists), and routes a request for
+// b's model to b.
+func TestSharedPortAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	tm.shared = map[string]bool{"a": true}
+	ua := startUpstream(t, "model-a", 0)
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{
+		"embed": {upstream: ua, model: "model-a"},
+		"chat":  {acceptFrom: []string{"b"}},
+	}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	waitFor(t, "a's embed instance is up", func() bool { return len(a.agent.Table().Resolve("embed")) > 0 })
+	addr, ok := a.agent.SharedAddr()
+	if !ok {
+		t.Fatal("no shared port")
+	}
+	base := "http://" + addr.String()
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Data []struct{ ID string } }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if got, want := strings.Join(ids, ","), "chat,model-b,embed,model-a"; got != want {
+		t.Errorf("shared /v1/models = %s, want %s", got, want)
+	}
+	c := sdkClient(base)
+	for model, up := range map[string]*testUpstream{"model-b": ub, "chat": ub, "model-a": ua, "embed": ua} {
+		before := up.requests.Load()
+		r, err := c.Chat.Completions.New(context.Background(), chatReq(model))
+		if err != nil {
+			t.Fatalf("model %s: %v", model, err)
+		}
+		if r.Model != model || up.requests.Load() != before+1 {
+			t.Errorf("model %s: answered as %q, its instance served %d new requests; want it routed there", model, r.Model, up.requests.Load()-before)
+		}
 	}
 }

@@ -50,7 +50,7 @@ func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
 	if !a.cfg.Mesh.Enabled() {
 		return a.table, nil, nil
 	}
-	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{})
+	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{Graceful: mesh.GracefulClose})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
 )
@@ -34,12 +33,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "cleanup tests: remove test image:", err)
 	}
 	bins.Remove()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
+	code = leakcheck.Check(code)
 	os.Exit(code)
 }
 

@@ -78,10 +78,11 @@ func postBody(t *testing.T, ts *httptest.Server, path string, body io.Reader) (i
 	return resp.StatusCode, resp.Header, b
 }
 
-// waitFor polls cond until it holds or a few seconds pass.
+// waitFor polls cond until it holds, failing after 30s (a bound for a
+// loaded machine, not a speed).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -242,7 +243,7 @@ func TestChatStreaming(t *testing.T) {
 			}
 			// The handler counts the stream completed after its last write,
 			// which the client may see first: wait for the count.
-			deadline := time.Now().Add(5 * time.Second)
+			deadline := time.Now().Add(30 * time.Second)
 			st := s.Stats()
 			for st.StreamsCompleted == 0 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)

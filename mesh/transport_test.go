@@ -406,7 +406,7 @@ func TestTransportClientCancelReachesPeer(t *testing.T) {
 	cancel()
 	select {
 	case <-ended:
-	case <-time.After(3 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("b's handler context did not end after a cancelled the request")
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"go.uber.org/goleak"
 
+	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testimage"
 	"github.com/infermesh/infermesh/placement"
@@ -43,12 +43,7 @@ func TestMain(m *testing.M) {
 	if err := testImg.Remove(); err != nil {
 		fmt.Fprintln(os.Stderr, "provision tests: remove test image:", err)
 	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
+	code = leakcheck.Check(code)
 	os.Exit(code)
 }
 

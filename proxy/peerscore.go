@@ -29,6 +29,11 @@ type PeerScoreConfig struct {
 	RefusalMemory time.Duration
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
+	// Graceful reports errors that ended an attempt because the peer shut
+	// down in order (the mesh's mesh.GracefulClose): they count as no
+	// failure, so a peer that drained and restarted is not cooled down
+	// when it comes back. Nil: every error is a failure.
+	Graceful func(error) bool
 }
 
 // DefaultPeerScoreConfig returns the defaults.
@@ -256,6 +261,10 @@ func (s *PeerScorer) Observe(node string, ok bool) {
 	}
 }
 
+func (s *PeerScorer) graceful(err error) bool {
+	return s.cfg.Graceful != nil && s.cfg.Graceful(err)
+}
+
 func (s *PeerScorer) begin(node string) {
 	s.mu.Lock()
 	s.statLocked(node).inflight++
@@ -311,7 +320,7 @@ func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.rt.RoundTrip(r)
 	if err != nil {
 		t.s.end(node)
-		if r.Context().Err() == nil {
+		if r.Context().Err() == nil && !t.s.graceful(err) {
 			t.s.Observe(node, false)
 		}
 		return nil, err
@@ -346,7 +355,7 @@ type scoredBody struct {
 func (b *scoredBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
-		b.finish(err == io.EOF || b.ctx.Err() != nil)
+		b.finish(err == io.EOF || b.ctx.Err() != nil || b.s.graceful(err))
 	}
 	return n, err
 }

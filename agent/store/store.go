@@ -13,6 +13,15 @@
 // An override stays until it is reset (`infermesh policy reset`), even when
 // a later configuration agrees with it, so an operator's decision is never
 // silently undone by an edit of the file.
+//
+// # Damage
+//
+// The store never crashes the agent and never starts it with less policy
+// than it had without saying so (integrity.go, mirror.go): a damaged file
+// is refused with an error naming it (ErrCorrupt), the policy is mirrored
+// in a second file (MirrorFileName) that Open compares with the database
+// (ErrMissing, ErrDiverged), and Options.Reset starts over from the mirror,
+// keeping the damaged files aside.
 package store
 
 import (
@@ -23,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -133,23 +143,38 @@ type Options struct {
 	// LockTimeout bounds the wait for the database's file lock (another
 	// agent on the same state dir holds it). Default 1s.
 	LockTimeout time.Duration
+	// Reset makes Open start over where it would refuse: a damaged
+	// database (ErrCorrupt), one that is gone while its policy mirror says
+	// it existed (ErrMissing), one that disagrees with its mirror
+	// (ErrDiverged), or a damaged mirror. What is damaged is kept aside
+	// (<file>.bad-<unix time>), never deleted; the new database holds the
+	// mirror's overrides when the mirror verifies, else none (the database's
+	// own when only the mirror was damaged). Store.Notes says what was done.
+	// The operator asks for it: infermeshd -reset-state.
+	Reset bool
 }
 
 var bucketOverrides = []byte("policy_overrides.v1")
 
 // Store is the state database. Its methods are safe for concurrent use;
-// writes are durable (fsynced) when they return.
+// writes are durable (fsynced) when they return, in the database and in
+// the policy mirror (mirror.go).
 type Store struct {
-	db   *bbolt.DB
-	path string
+	db     *bbolt.DB
+	path   string
+	mirror string
+	notes  []string
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Open opens (creating it, mode 0600) the database at path. A database
-// held by another process returns an error wrapping ErrLocked after
-// Options.LockTimeout.
+// Open opens (creating it, mode 0600) the database at path and its policy
+// mirror beside it. It never crashes on a damaged file: it checks the file
+// before bbolt maps it and walks every page, and returns an error naming
+// the file (wrapping ErrCorrupt, ErrMissing or ErrDiverged) unless
+// opts.Reset. A database held by another process returns an error wrapping
+// ErrLocked after Options.LockTimeout.
 func Open(path string, opts Options) (*Store, error) {
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = time.Second
@@ -157,23 +182,168 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state store: %w", err)
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.LockTimeout})
+	s, err := open(path, opts)
+	if err == nil || !opts.Reset || errors.Is(err, ErrLocked) {
+		return s, err
+	}
+	return reset(path, opts, err)
+}
+
+// open is Open without the reset.
+func open(path string, opts Options) (*Store, error) {
+	mpath := mirrorPath(path)
+	if err := precheck(path, mpath, opts.LockTimeout); err != nil {
+		return nil, err
+	}
+	m, haveMirror, err := readMirror(mpath)
+	if err != nil {
+		return nil, err
+	}
+	var db *bbolt.DB
+	err = guard(path, func() error {
+		var err error
+		db, err = bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.LockTimeout})
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("state store %s: %w", path, ErrLocked)
 		}
-		return nil, fmt.Errorf("state store %s: %w", path, err)
+		if !errors.Is(err, ErrCorrupt) {
+			err = &CorruptError{path, err.Error()}
+		}
+		return nil, err
 	}
-	err = db.Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketOverrides)
-		return err
+	s := &Store{db: db, path: path, mirror: mpath}
+	if err := checkDB(path, db); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	err = guard(path, func() error {
+		return db.Update(func(tx *bbolt.Tx) error {
+			if _, err := tx.CreateBucketIfNotExists(bucketOverrides); err != nil {
+				return err
+			}
+			note, err := s.reconcile(tx, m, haveMirror)
+			if note != "" {
+				s.notes = append(s.notes, note)
+			}
+			return err
+		})
 	})
 	if err != nil {
 		_ = db.Close()
+		if errors.Is(err, ErrDiverged) || errors.Is(err, ErrCorrupt) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("state store %s: %w", path, err)
 	}
-	return &Store{db: db, path: path}, nil
+	return s, nil
 }
+
+// precheck takes the database's lock (as bbolt will: another agent holding
+// it is ErrLocked, and a file it is writing is not judged) and checks the
+// file. A database that is missing or empty is new, unless its mirror is
+// there: then it existed and is gone.
+func precheck(path, mpath string, timeout time.Duration) error {
+	st, err := os.Stat(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("state store %s: %w", path, err)
+	}
+	if err != nil || st.Size() == 0 {
+		if _, merr := os.Stat(mpath); merr == nil {
+			what := "missing"
+			if err == nil {
+				what = "empty (0 bytes)"
+			}
+			return fmt.Errorf("%w: %s is %s, but its policy mirror %s says it existed: start with -reset-state to make a new one holding the mirror's overrides",
+				ErrMissing, path, what, mpath)
+		}
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("state store %s: %w", path, err)
+	}
+	defer f.Close()
+	err = underLock(f, timeout, func() error { return checkFile(path) })
+	if errors.Is(err, ErrLocked) {
+		return fmt.Errorf("state store %s: %w", path, err)
+	}
+	return err
+}
+
+// reset is Open's answer to a refusal (why) when the operator asked for a
+// reset: the damaged file(s) go aside, a new database is made.
+func reset(path string, opts Options, why error) (*Store, error) {
+	mpath := mirrorPath(path)
+	stamp := strconv.FormatInt(time.Now().Unix(), 10)
+	var notes []string
+	aside := func(p string) error {
+		if _, err := os.Stat(p); err != nil {
+			return nil
+		}
+		to := p + ".bad-" + stamp
+		if err := os.Rename(p, to); err != nil {
+			return fmt.Errorf("reset: %w", err)
+		}
+		notes = append(notes, fmt.Sprintf("kept %s aside as %s", p, to))
+		return nil
+	}
+	m, _, merr := readMirror(mpath)
+	if ce, ok := errors.AsType[*CorruptError](why); ok && ce.Path == mpath {
+		// Only the mirror is damaged: the database, once verified, is the
+		// policy; the mirror is written again from it.
+		if err := aside(mpath); err != nil {
+			return nil, err
+		}
+		s, err := open(path, opts)
+		if err != nil {
+			return nil, err
+		}
+		s.notes = append(append([]string{"reset: " + why.Error()}, notes...), s.notes...)
+		return s, nil
+	}
+	if err := aside(path); err != nil {
+		return nil, err
+	}
+	if merr != nil {
+		if err := aside(mpath); err != nil {
+			return nil, err
+		}
+		m = mirror{}
+	} else if err := aside(mpath); err != nil {
+		return nil, err
+	}
+	s, err := open(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Overrides) > 0 || m.Generation > 0 {
+		err = s.db.Update(func(tx *bbolt.Tx) error {
+			if err := replaceOverrides(tx, m); err != nil {
+				return err
+			}
+			return writeMirror(s.mirror, m)
+		})
+		if err != nil {
+			_ = s.Close()
+			return nil, fmt.Errorf("state store %s: restore the mirror's overrides: %w", path, err)
+		}
+	}
+	restored := fmt.Sprintf("new state store with the policy mirror's %d overrides", len(m.Overrides))
+	if merr != nil {
+		restored = "new state store with no run-time overrides: the policy mirror was damaged too (" + merr.Error() + ")"
+	}
+	s.notes = append(append([]string{"reset: " + why.Error()}, notes...), restored)
+	return s, nil
+}
+
+// Notes are what Open repaired or reset, for the caller to log and audit.
+func (s *Store) Notes() []string { return s.notes }
+
+// MirrorPath is the policy mirror file.
+func (s *Store) MirrorPath() string { return s.mirror }
 
 // Path is the database file.
 func (s *Store) Path() string { return s.path }
@@ -211,7 +381,10 @@ func (s *Store) Put(o Override) (prev Override, ok bool, err error) {
 			}
 			ok = true
 		}
-		return b.Put(k, v)
+		if err := b.Put(k, v); err != nil {
+			return err
+		}
+		return s.commitMirror(tx)
 	})
 	if err != nil {
 		return Override{}, false, fmt.Errorf("store override: %w", err)
@@ -236,7 +409,10 @@ func (s *Store) Delete(k Key) (prev Override, ok bool, err error) {
 			return fmt.Errorf("override %q: %w", kb, err)
 		}
 		ok = true
-		return b.Delete(kb)
+		if err := b.Delete(kb); err != nil {
+			return err
+		}
+		return s.commitMirror(tx)
 	})
 	if err != nil {
 		return Override{}, false, fmt.Errorf("delete override: %w", err)
@@ -296,7 +472,10 @@ func (s *Store) Reset(f Filter) ([]Override, error) {
 				return err
 			}
 		}
-		return nil
+		if len(keys) == 0 {
+			return nil
+		}
+		return s.commitMirror(tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reset overrides: %w", err)

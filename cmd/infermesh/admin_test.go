@@ -3,17 +3,15 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/admin/admintest"
+	"github.com/infermesh/infermesh/internal/leakcheck"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -22,12 +20,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	nodeTeardown()
 	bins.Remove()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
+	code = leakcheck.Check(code)
 	os.Exit(code)
 }
 
@@ -102,10 +95,12 @@ func TestGoldenOutput(t *testing.T) {
 		{"policy-reset-none", []string{"policy", "reset", "--role", "chat"}},
 		{"keyring", []string{"keyring", "list"}},
 		{"keyring-install", []string{"keyring", "install", "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="}},
-		{"events", []string{"events", "--limit", "2"}},
+		{"events", []string{"events", "-n", "2"}},
+		{"events-last", []string{"events", "-n", "1"}},
 		{"reload", []string{"reload"}},
 		{"instances", []string{"instances"}},
 		{"instance-logs", []string{"instances", "logs", "embed", "-n", "5"}},
+		{"instance-stop", []string{"instances", "stop", "embed"}},
 	}
 	for _, tt := range tests {
 		for _, asJSON := range []bool{false, true} {

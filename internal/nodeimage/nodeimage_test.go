@@ -17,9 +17,9 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -60,12 +60,7 @@ func setup(m *testing.M) (int, error) {
 		return 0, err
 	}
 	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
+	code = leakcheck.Check(code)
 	return code, nil
 }
 

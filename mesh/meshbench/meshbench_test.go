@@ -6,12 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/mesh"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m, nil) }
 
 // fast is a loopback-tuned profile, like memberlist's DefaultLocalConfig
 // except RetransmitMult: at its 2, broadcasts (alive messages and adverts

@@ -1,20 +1,14 @@
 package node
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/infermesh/infermesh/internal/leakcheck"
 )
 
 func runTests(m *testing.M) {
 	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
+	code = leakcheck.Check(code)
 	os.Exit(code)
 }
