@@ -93,7 +93,7 @@ type TransportConfig struct {
 	MaxStreamsPerPeer int64
 	// OnRefused is told about refused peers: handshakes (either side) and
 	// requests from a peer no longer admitted. peer is the node claimed, or
-	// "addr:<ip:port>" when none was. Called at most once per (peer, why)
+	// "addr:<ip>" when none was. Called at most once per (peer, why)
 	// every 10s; Refusals counts every one. Must not block.
 	OnRefused func(peer, why string)
 	// Leaving reports whether this node is leaving the mesh: the liveness
