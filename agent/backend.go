@@ -49,6 +49,7 @@ type MeshAPI interface {
 	Revoked() []string
 	Refusals() map[string]uint64
 	JoinNow(addrs []string) (int, error)
+	RefusedNodes() []mesh.RefusedNode
 	RotateGossipKey(ctx context.Context, p mesh.KeyPusher) (mesh.RotateResult, error)
 }
 

@@ -378,6 +378,8 @@ func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_
 
 func (f *fakeMesh) JoinNow([]string) (int, error) { return 0, errors.New("fake mesh: no network") }
 
+func (f *fakeMesh) RefusedNodes() []mesh.RefusedNode { return nil }
+
 func (f *fakeMesh) RotateGossipKey(context.Context, mesh.KeyPusher) (mesh.RotateResult, error) {
 	return mesh.RotateResult{}, errors.New("fake mesh: no network")
 }

@@ -178,7 +178,7 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 		return
 	}
 	rec := m.adverts[k]
-	if rec != nil && body.Seq == rec.seq {
+	if rec != nil && body.Seq == rec.seq && !rec.gone {
 		m.advMu.Unlock() // a copy we already have: gossip repeats itself
 		return
 	}

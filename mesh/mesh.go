@@ -68,8 +68,9 @@ type Mesh struct {
 	departed map[string]*peer
 	removed  map[string]bool // peers whose adverts we dropped because they are no longer admitted
 
-	metaCache metaCache
-	refusals  refusals
+	metaCache    metaCache
+	refusals     refusals
+	refusedNodes refusedNodes // nodes refused membership, for peers and unrevoke
 
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
@@ -464,6 +465,7 @@ func (m *Mesh) SetTrust(c TrustConfig) error {
 	}
 	m.mu.Unlock()
 	m.enforceAdmission()
+	m.contactRefused()
 	return nil
 }
 
@@ -511,6 +513,7 @@ func (m *Mesh) Unrevoke(nameOrKey string) error {
 	m.mu.Unlock()
 	m.log.Info("unrevoked", zap.Stringer("node_or_key", r))
 	m.enforceAdmission()
+	m.contactRefused()
 	return nil
 }
 
@@ -533,7 +536,7 @@ func (m *Mesh) enforceAdmission() {
 	now := m.cfg.Now()
 	m.advMu.Lock()
 	defer m.advMu.Unlock()
-	var drop []string
+	var drop, readmitted []string
 	m.mu.Lock()
 	for name, p := range m.peers {
 		s, why := m.trust.admit(name, p.meta.key, p.meta.cert, p.certOK, now)
@@ -544,9 +547,21 @@ func (m *Mesh) enforceAdmission() {
 			m.log.Info("peer no longer admitted", zap.String("peer", name), zap.String("why", why))
 		case s != 0 && m.removed[name]:
 			delete(m.removed, name)
+			readmitted = append(readmitted, p.addr)
+			m.log.Info("peer admitted again", zap.String("peer", name))
 		}
 	}
 	m.mu.Unlock()
+	if len(readmitted) > 0 {
+		// Hear its adverts now, not at its next refresh: one push/pull
+		// brings its current ones (their sequence numbers are the ones we
+		// forgot at the revocation, which handleAdvert accepts again).
+		m.spawn(func() {
+			if _, err := m.ml.Join(readmitted); err != nil {
+				m.log.Debug("push/pull with peers admitted again", zap.Error(err))
+			}
+		})
+	}
 	for _, name := range drop {
 		m.forgetOriginLocked(name)
 		if m.sink != nil {

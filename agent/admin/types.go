@@ -44,18 +44,23 @@ const (
 	PeerSelf        = "self"
 	PeerAdmitted    = "admitted"
 	PeerNotAdmitted = "not_admitted"
+	// PeerRefused: a node refused membership (wrong key, revoked, expired,
+	// not trusted); never a member, shown so the operator sees it.
+	PeerRefused = "refused"
 )
 
 // Peer is one mesh member (GET /v0/peers).
 type Peer struct {
 	Name       string   `json:"name"`
-	State      string   `json:"state"` // self, admitted, not_admitted
+	State      string   `json:"state"` // self, admitted, not_admitted, refused
 	Scope      string   `json:"scope,omitempty"`
 	Why        string   `json:"why,omitempty"` // why not admitted
 	GossipAddr string   `json:"gossip_addr,omitempty"`
 	QUICAddr   string   `json:"quic_addr,omitempty"`
 	PublicKey  string   `json:"public_key,omitempty"`
 	Roles      []string `json:"roles"` // roles it advertises that we hold, fresh or not
+	// LastSeen is when a refused node last tried to join (state refused).
+	LastSeen *time.Time `json:"last_seen,omitempty"`
 }
 
 // Rule sources.
