@@ -283,6 +283,9 @@ func (s meshStats) Refusals() map[string]uint64 {
 	return out
 }
 
+// CertificateExpiry is this node's admission certificate's expiry.
+func (s meshStats) CertificateExpiry() (time.Time, bool) { return s.m.CertificateExpiry() }
+
 // auditLimiter lets one audit through per key per auditEvery: refusals
 // are counted always, audited at this rate.
 type auditLimiter struct {

@@ -50,6 +50,7 @@ type MeshAPI interface {
 	Refusals() map[string]uint64
 	JoinNow(addrs []string) (int, error)
 	RefusedNodes() []mesh.RefusedNode
+	CertificateExpiry() (time.Time, bool)
 	RotateGossipKey(ctx context.Context, p mesh.KeyPusher) (mesh.RotateResult, error)
 }
 

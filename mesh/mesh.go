@@ -151,7 +151,7 @@ func New(cfg Config) (*Mesh, error) {
 				c.Name, identity.EncodeKey(c.PublicKey), m.name, identity.EncodeKey(m.pub))
 		}
 		if !cfg.Now().Before(c.Expires) {
-			m.log.Warn("admission certificate expired", zap.Time("expires", c.Expires))
+			m.log.Error("this node's admission certificate has EXPIRED: peers will refuse it", zap.Time("expired", c.Expires))
 		}
 		m.cert = c
 	}
