@@ -58,12 +58,22 @@ func (d *delegate) NotifyMsg(b []byte) {
 
 // GetBroadcasts hands memberlist the queued adverts.
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	return d.bcast.GetBroadcasts(overhead, limit)
+	bs := d.bcast.GetBroadcasts(overhead, limit)
+	if len(bs) > 0 {
+		var n int
+		for _, b := range bs {
+			n += overhead + len(b)
+		}
+		d.stats.advertBroadcastBytes.Add(uint64(n))
+	}
+	return bs
 }
 
 // LocalState is our side of a push/pull: every fresh advert we hold.
 func (d *delegate) LocalState(join bool) []byte {
-	return (*Mesh)(d).localState()
+	b := (*Mesh)(d).localState()
+	d.stats.advertStateBytes.Add(uint64(len(b)))
+	return b
 }
 
 // MergeRemoteState takes the adverts of the other side of a push/pull.
@@ -72,10 +82,31 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 }
 
 // NotifyJoin records an admitted peer.
-func (e *events) NotifyJoin(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	(*Mesh)(e).setGossipLive(n.Name, n.Address())
+	(*Mesh)(e).upsertPeer(n)
+}
 
 // NotifyUpdate records a peer's new meta.
-func (e *events) NotifyUpdate(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	(*Mesh)(e).setGossipLive(n.Name, n.Address())
+	(*Mesh)(e).upsertPeer(n)
+}
+
+// setGossipLive records memberlist's view of a peer: addr "" when gossip
+// says it left or died.
+func (m *Mesh) setGossipLive(name, addr string) {
+	if name == m.name {
+		return
+	}
+	m.mu.Lock()
+	if addr == "" {
+		delete(m.gossipLive, name)
+	} else {
+		m.gossipLive[name] = addr
+	}
+	m.mu.Unlock()
+}
 
 // NotifyLeave hears gossip say a peer left or was declared dead. Gossip is
 // not proof (any gossip key holder can say it): with a Confirmer the peer
@@ -86,12 +117,10 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	if n.Name == m.name {
 		return
 	}
-	m.mu.Lock()
+	m.setGossipLive(n.Name, "")
+	m.mu.RLock()
 	p := m.peers[n.Name]
-	if p != nil {
-		p.gossipGone = true
-	}
-	m.mu.Unlock()
+	m.mu.RUnlock()
 	if p == nil {
 		return
 	}

@@ -202,16 +202,14 @@ func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(st
 	liveName := map[string]bool{}
 	type seen struct{ name, addr string }
 	var live []seen
+	// Live as memberlist sees it: a peer kept because it answered over
+	// QUIC while gossip calls it dead still needs the gossip merged.
 	m.mu.RLock()
-	t := m.trust
-	for _, p := range m.peers {
-		// Live as gossip sees it: a peer kept because it answered over
-		// QUIC while gossip calls it gone still needs the gossip merged.
-		if !p.gossipGone {
-			liveAddr[p.addr], liveName[p.name] = true, true
-			live = append(live, seen{p.name, p.addr})
-		}
+	for name, addr := range m.gossipLive {
+		liveAddr[addr], liveName[name] = true, true
+		live = append(live, seen{name, addr})
 	}
+	t := m.trust
 	revoked := map[string]bool{}
 	for _, p := range m.departed {
 		if t.revoked(p.name, p.meta.key) {

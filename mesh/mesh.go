@@ -67,10 +67,16 @@ type Mesh struct {
 	// "no longer trusted". Bounded by the nodes ever seen.
 	departed map[string]*peer
 	removed  map[string]bool // peers whose adverts we dropped because they are no longer admitted
+	// gossipLive is memberlist's own view of the live peers (alive or
+	// suspect), name to gossip address, copied in its event callbacks:
+	// memberlist.Members' nodes are shared with its state goroutines and
+	// may not be read outside them.
+	gossipLive map[string]string
 
 	metaCache    metaCache
 	refusals     refusals
 	refusedNodes refusedNodes // nodes refused membership, for peers and unrevoke
+	stats        gossipStats
 
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
@@ -102,9 +108,6 @@ type peer struct {
 	addr   string // gossip address
 	meta   *nodeMeta
 	certOK bool // meta.cert verified against the current authorities
-	// gossipGone: gossip said it left or died, and it is kept while the
-	// QUIC transport confirms it alive (see peerGone). Written under mu.
-	gossipGone bool
 }
 
 // New loads (or creates) the node key, loads the keyring, starts memberlist
@@ -130,6 +133,8 @@ func New(cfg Config) (*Mesh, error) {
 		peers:    map[string]*peer{},
 		departed: map[string]*peer{},
 		removed:  map[string]bool{},
+
+		gossipLive: map[string]string{},
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}
@@ -206,12 +211,14 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Keyring = m.keyring
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	mc.GossipInterval = c.GossipInterval
+	mc.GossipNodes = c.GossipNodes
 	mc.ProbeInterval = c.ProbeInterval
 	mc.ProbeTimeout = c.ProbeTimeout
 	mc.PushPullInterval = c.PushPullInterval
 	mc.SuspicionMult = c.SuspicionMult
 	mc.RetransmitMult = c.RetransmitMult
 	mc.TCPTimeout = c.TCPTimeout
+	mc.Transport = c.Transport
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*events)(m)
 	mc.Alive = (*aliveDelegate)(m)
