@@ -92,6 +92,8 @@ type Agent struct {
 	remote    lateRemote                        // the proxy's Remote: the QUIC transport once Run started it
 	upKeys    atomic.Pointer[map[string]string] // role -> upstream API key; replaced on reload
 
+	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
+
 	started time.Time
 
 	mu        sync.Mutex

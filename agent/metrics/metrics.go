@@ -39,9 +39,12 @@ type MeshSource interface {
 	PeerStates() map[string]int
 	// Refusals counts the mesh's refusals by reason since start.
 	Refusals() map[string]uint64
-	// CertExpiries is when the admission certificate of this node and of
-	// each live peer expires, by node; nodes without one are left out.
-	CertExpiries() map[string]time.Time
+	// CertificateExpiry is when this node's admission certificate
+	// expires; false when it has none that matters.
+	CertificateExpiry() (time.Time, bool)
+	// PeerCertExpiries is when each live peer's admission certificate
+	// expires, by node; peers without one are left out.
+	PeerCertExpiries() map[string]time.Time
 }
 
 var _ PlacementSource = (*placement.Table)(nil)
@@ -367,15 +370,17 @@ var (
 		"Roles exposed to the mesh (1 per role).", []string{"role"}, nil)
 	descPeers = prometheus.NewDesc("infermesh_peers",
 		"Mesh members other than this node, by state.", []string{"state"}, nil)
+	descCertExpiry = prometheus.NewDesc("infermesh_certificate_expiry_timestamp_seconds",
+		"When this node's admission certificate expires (Unix time); absent without one.", nil, nil)
 	descMeshRefusals = prometheus.NewDesc("infermesh_mesh_refusals_total",
 		"Gossip messages and nodes the mesh refused, by reason.", []string{"reason"}, nil)
-	descCertExpiry = prometheus.NewDesc("infermesh_certificate_expiry_timestamp_seconds",
-		"When the admission certificate of this node and of each live peer expires (Unix time), by node; "+
-			"nodes admitted by static trust have none.", []string{"node"}, nil)
+	descPeerCertExpiry = prometheus.NewDesc("infermesh_peer_certificate_expiry_timestamp_seconds",
+		"When each live peer's admission certificate expires (Unix time), by node; "+
+			"peers admitted by static trust have none.", []string{"node"}, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals, descCertExpiry} {
+	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals, descCertExpiry, descPeerCertExpiry} {
 		ch <- d
 	}
 }
@@ -416,8 +421,11 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		for reason, n := range h.src.Refusals() {
 			ch <- prometheus.MustNewConstMetric(descMeshRefusals, prometheus.CounterValue, float64(n), reason)
 		}
-		for node, t := range h.src.CertExpiries() {
-			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(t.Unix()), node)
+		if exp, ok := h.src.CertificateExpiry(); ok {
+			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(exp.Unix()))
+		}
+		for node, t := range h.src.PeerCertExpiries() {
+			ch <- prometheus.MustNewConstMetric(descPeerCertExpiry, prometheus.GaugeValue, float64(t.Unix()), node)
 		}
 	}
 }

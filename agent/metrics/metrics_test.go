@@ -277,8 +277,9 @@ func (fakeMesh) PeerStates() map[string]int { return map[string]int{"admitted": 
 func (fakeMesh) Refusals() map[string]uint64 {
 	return map[string]uint64{"bad_signature": 3}
 }
-func (fakeMesh) CertExpiries() map[string]time.Time {
-	return map[string]time.Time{"a": time.Unix(1900000000, 0)}
+func (fakeMesh) CertificateExpiry() (time.Time, bool) { return time.Unix(1_900_000_000, 0), true }
+func (fakeMesh) PeerCertExpiries() map[string]time.Time {
+	return map[string]time.Time{"b": time.Unix(1900000000, 0)}
 }
 
 func TestScrapeSources(t *testing.T) {
@@ -310,7 +311,8 @@ func TestScrapeSources(t *testing.T) {
 		`infermesh_peers{state="admitted"} 2`,
 		`infermesh_peers{state="not_admitted"} 1`,
 		`infermesh_mesh_refusals_total{reason="bad_signature"} 3`,
-		`infermesh_certificate_expiry_timestamp_seconds{node="a"} 1.9e+09`,
+		`infermesh_certificate_expiry_timestamp_seconds 1.9e+09`,
+		`infermesh_peer_certificate_expiry_timestamp_seconds{node="b"} 1.9e+09`,
 		`infermesh_refusals_total{reason="node not allowlisted for role"} 1`,
 	} {
 		if !strings.Contains(exp, want) {
