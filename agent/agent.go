@@ -395,6 +395,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			client:   probeClient,
 			interval: a.cfg.Proxy.HealthInterval,
 			log:      a.log,
+			key:      func() string { return (*a.upKeys.Load())[name] },
 		}
 		wg.Add(1)
 		go func() {

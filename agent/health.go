@@ -28,6 +28,9 @@ type upstreamProber struct {
 	client   *http.Client
 	interval time.Duration
 	log      *zap.Logger
+	// key is the instance's API key (upstream_api_key_file), "" for none:
+	// servers such as LiteLLM require it on their health path too.
+	key func() string
 }
 
 func (u *upstreamProber) run(ctx context.Context) {
@@ -75,6 +78,11 @@ func (u *upstreamProber) get(ctx context.Context, path string) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.local.Base+path, nil)
 	if err != nil {
 		return 0
+	}
+	if u.key != nil {
+		if k := u.key(); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
 	}
 	resp, err := u.client.Do(req)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -123,5 +124,39 @@ func TestUpstreamAPIKeyFileChecks(t *testing.T) {
 	}
 	if k := cfg.Roles["chat"].UpstreamKey(); k != "sk-good" {
 		t.Errorf("key = %q, want sk-good (trimmed)", k)
+	}
+}
+
+// TestUpstreamAPIKeyOnTheHealthPath: an instance that requires its key on
+// every path, the health path included (as LiteLLM does), is probed with
+// the key and so served.
+func TestUpstreamAPIKeyOnTheHealthPath(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "up.key")
+	if err := os.WriteFile(keyFile, []byte("sk-everywhere\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer sk-everywhere" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+	}))
+	t.Cleanup(up.Close)
+	cfg, err := ParseConfig([]byte("node: {name: n1, state_dir: " + dir + "}\nadmin: {socket: " + dir + "/admin.sock}\n" +
+		"proxy: {health_interval: 50ms}\nroles:\n  chat: {port: 1, upstream: '" + up.URL + "', upstream_api_key_file: " + keyFile + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Roles["chat"]
+	r.Port = 0
+	cfg.Roles["chat"] = r
+	a := runAgent(t, cfg, Options{})
+	waitFor(t, "the key-protected instance to be probed up", func() bool { return len(a.Table().Resolve("chat")) == 1 })
+	addr, _ := a.RoleAddr("chat")
+	if st := chatStatus(t, "http://"+addr.String()); st != http.StatusOK {
+		t.Errorf("chat: status %d, want 200", st)
 	}
 }
