@@ -474,6 +474,9 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	tm.start("a", map[string]roleSpec{"other": {}}, false)
 	ub := startUpstream(t, "model-b", 0)
 	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a", "mallory"}}}, false)
+	// "a" must be a member b admits: until then any key under its name is
+	// refused as not admitted, not as a mismatch.
+	waitFor(t, "b admits a", func() bool { return b.agent.Mesh().IsAdmitted("a") })
 
 	_, stranger, _ := ed25519.GenerateKey(nil)
 	tests := []struct {
