@@ -2,10 +2,10 @@
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION)
+LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick lint clean node-image e2e
+.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e
 
 all: build
 
@@ -45,3 +45,10 @@ lint:
 
 clean:
 	rm -rf $(BIN) bench/results
+
+## fuzz-quick: the differential fuzzers (against net/http) and the model rewriter, time-boxed for CI
+FUZZTIME ?= 25s
+fuzz-quick:
+	$(GO) test -run '^$$' -fuzz '^FuzzH1RequestVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzResponseVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzRewriteModel$$' -fuzztime 15s -parallel 1 ./proxy

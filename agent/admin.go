@@ -118,6 +118,11 @@ func (ad *Admin) Serve(ctx context.Context) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", ad.metrics.Handler())
+		// Liveness and readiness (every role has a candidate), for a
+		// central monitor or a load balancer in front of the node.
+		probes := ad.a.proxy.ProbeHandler(ad.a.roleNames, nil)
+		mux.Handle("GET /health", probes)
+		mux.Handle("GET /ready", probes)
 		ad.metricsLn = ln
 		ad.metricsHS = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		ad.wg.Add(1)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/proxy"
 )
 
 func TestSecondAgentRefused(t *testing.T) {
@@ -88,7 +90,7 @@ func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 	events := make(chan admin.Event, 64)
 	done := make(chan error, 1)
 	go func() {
-		done <- aa.client.Events(ctx, func(e admin.Event) error { events <- e; return nil })
+		done <- aa.client.Events(ctx, admin.EventsOptions{Follow: true}, func(e admin.Event) error { events <- e; return nil })
 	}()
 	if _, err := aa.client.SetPolicy(context.Background(), admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: "chat", Node: "z", On: true}); err != nil {
 		t.Fatal(err)
@@ -140,6 +142,27 @@ func TestEventsAndMetricsOnTheSocket(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "infermesh_build_info") {
 		t.Errorf("GET /metrics on %s = %d", addr, resp.StatusCode)
+	}
+	// Liveness and readiness on the metrics listener: ready means every
+	// role has a candidate.
+	resp, err = http.Get("http://" + addr.String() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /health = %d, want 200", resp.StatusCode)
+	}
+	resp, err = http.Get("http://" + addr.String() + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rd proxy.Readiness
+	err = json.NewDecoder(resp.Body).Decode(&rd)
+	resp.Body.Close()
+	cands := len(aa.a.Table().Resolve("chat"))
+	if err != nil || rd.Candidates["chat"] != cands || rd.Ready != (cands > 0) || (resp.StatusCode == 200) != rd.Ready {
+		t.Errorf("GET /ready = %d %+v (%v); chat has %d candidates", resp.StatusCode, rd, err, cands)
 	}
 }
 

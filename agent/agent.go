@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -134,6 +135,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	var accessLog *zap.Logger
+	if cfg.Proxy.AccessLogOn() {
+		accessLog = a.log.Named("access")
+	}
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -142,6 +147,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		ConnectTimeout:  cfg.Proxy.ConnectTimeout,
 		UpstreamTimeout: cfg.Proxy.UpstreamTimeout,
 		Observer:        a.metrics,
+		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
+		NodeName:        cfg.Node.Name,
+		AccessLog:       accessLog,
+		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {
@@ -186,6 +195,12 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 
 // Audit returns the agent's audit log.
 func (a *Agent) Audit() *Auditor { return a.audit }
+
+// roleNames lists the configured roles, sorted.
+func (a *Agent) roleNames() []string { return sortedKeys(a.cfg.Roles) }
+
+// SharedAddr returns the bound address of proxy.listen.
+func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
 
 // RoleAddr returns the bound loopback address of a role's port.
 func (a *Agent) RoleAddr(role string) (net.Addr, bool) {
@@ -329,6 +344,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.table.SetProxyPort(name, port)
 		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
 	}
+	if l := a.cfg.Proxy.Listen; l != "" {
+		addr, err := a.proxy.ListenShared(l, func() []string { return slices.Clone(roles) })
+		if err != nil {
+			_ = a.proxy.Shutdown(context.Background())
+			return fmt.Errorf("proxy.listen: %w", err)
+		}
+		a.log.Info("shared port listening: every role, routed by model", zap.String("addr", addr.String()))
+	}
+
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.upkeepPlacement(runCtx)
+	}()
 
 	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, DisableCompression: true}}
 	defer probeClient.CloseIdleConnections()
@@ -364,9 +393,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.prov = prov
 		a.mu.Unlock()
 		defer prov.close()
+		mgrDone := make(chan struct{})
+		// Runs before prov.close: the instances configured to stop with
+		// the agent are stopped once their supervisors have ended.
+		defer a.stopWithAgent(prov.mgr, mgrDone)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
+			defer close(mgrDone)
 			if err := prov.mgr.Run(runCtx); err != nil {
 				a.log.Error("instance manager stopped", zap.Error(err))
 			}
@@ -409,7 +443,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.joinMesh(runCtx, m)
+			a.healMesh(runCtx, m, ad.Store().DB())
 		}()
 	}
 

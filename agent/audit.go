@@ -80,12 +80,18 @@ func (a *Auditor) Record(e Event) {
 // Subscribe returns a channel of events (starting with the recent history)
 // and a cancel function that closes it.
 func (a *Auditor) Subscribe(buffer int) (<-chan Event, func()) {
+	return a.SubscribeLast(buffer, 0)
+}
+
+// SubscribeLast is Subscribe starting with only the last n events of the
+// recent history (all of it when n < 1).
+func (a *Auditor) SubscribeLast(buffer, n int) (<-chan Event, func()) {
 	if buffer < auditHistory {
 		buffer = auditHistory
 	}
 	ch := make(chan Event, buffer)
 	a.mu.Lock()
-	for _, e := range a.recent {
+	for _, e := range lastN(a.recent, n) {
 		ch <- e
 	}
 	var dropped int

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -47,6 +48,7 @@ type MeshAPI interface {
 	Unrevoke(nameOrKey string) error
 	Revoked() []string
 	Refusals() map[string]uint64
+	JoinNow(addrs []string) (int, error)
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.
@@ -59,6 +61,8 @@ type InstanceAPI interface {
 	// Retry starts a given-up instance again (provision.ErrNoInstance,
 	// provision.ErrNotFailed).
 	Retry(role string) error
+	// Stop stops role's instance until Retry (provision.ErrNoInstance).
+	Stop(ctx context.Context, role string) error
 }
 
 var (
@@ -75,6 +79,7 @@ const (
 	AuditAdminReload  = "admin.reload"
 	AuditAdminRefused = "admin.refused"
 	AuditAdminRetry   = "admin.instance.retry"
+	AuditAdminStop    = "admin.instance.stop"
 )
 
 // AdminOptions are the parts of the agent the admin backend reaches that

@@ -7,8 +7,16 @@ import (
 )
 
 // Events implements admin.Backend.
-func (b *Backend) Events(ctx context.Context, fn func(admin.Event) error) error {
-	ch, cancel := b.a.audit.Subscribe(256)
+func (b *Backend) Events(ctx context.Context, o admin.EventsOptions, fn func(admin.Event) error) error {
+	if !o.Follow {
+		for _, e := range lastN(b.a.audit.Recent(), o.Last) {
+			if err := fn(adminEvent(e)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ch, cancel := b.a.audit.SubscribeLast(256, o.Last)
 	defer cancel()
 	for {
 		select {
@@ -18,9 +26,21 @@ func (b *Backend) Events(ctx context.Context, fn func(admin.Event) error) error 
 			if !ok {
 				return nil
 			}
-			if err := fn(admin.Event{Time: e.Time.UTC(), Kind: e.Kind, Role: e.Role, Node: e.Node, Fields: e.Fields}); err != nil {
+			if err := fn(adminEvent(e)); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+func adminEvent(e Event) admin.Event {
+	return admin.Event{Time: e.Time.UTC(), Kind: e.Kind, Role: e.Role, Node: e.Node, Fields: e.Fields}
+}
+
+// lastN returns the last n of es (all of them when n < 1).
+func lastN(es []Event, n int) []Event {
+	if n > 0 && n < len(es) {
+		return es[len(es)-n:]
+	}
+	return es
 }

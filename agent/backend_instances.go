@@ -42,6 +42,23 @@ func (b *Backend) RetryInstance(_ context.Context, by admin.Caller, role string)
 	return adminInstance(s), nil
 }
 
+// StopInstance implements admin.Backend.
+func (b *Backend) StopInstance(ctx context.Context, by admin.Caller, role string) (admin.Instance, error) {
+	if b.inst == nil {
+		return admin.Instance{}, errNoProvisioning
+	}
+	switch err := b.inst.Stop(ctx, role); {
+	case errors.Is(err, provision.ErrNoInstance):
+		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	case err != nil:
+		return admin.Instance{}, err
+	}
+	b.a.audit.Record(Event{Kind: AuditAdminStop, Role: role, Fields: map[string]string{"by": by.String()}})
+	s, _ := b.inst.Instance(role)
+	s.Role = role
+	return adminInstance(s), nil
+}
+
 // adminInstance is the admin API's view of an instance.
 func adminInstance(s provision.InstanceStatus) admin.Instance {
 	return admin.Instance{

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 
 	"github.com/infermesh/infermesh/agent/admin"
@@ -67,4 +69,36 @@ func (b *Backend) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Ke
 		"op": c.Op, "fingerprint": identity.GossipKeyFingerprint(raw).String(), "by": by.String(),
 	}})
 	return b.Keyring(ctx)
+}
+
+var _ admin.MeshBackend = (*Backend)(nil)
+
+// AuditAdminJoin records `infermesh join`.
+const AuditAdminJoin = "admin.join"
+
+// Join implements admin.MeshBackend.
+func (b *Backend) Join(ctx context.Context, by admin.Caller, req admin.JoinRequest) (admin.JoinResult, error) {
+	if b.mesh == nil {
+		return admin.JoinResult{}, errNoMesh
+	}
+	for _, a := range req.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return admin.JoinResult{}, admin.Errorf(admin.ErrInvalid, "address %q: want host:port (%v)", a, err)
+		}
+	}
+	n, err := b.mesh.JoinNow(req.Addrs)
+	b.a.audit.Record(Event{Kind: AuditAdminJoin, Fields: map[string]string{
+		"addrs": strings.Join(req.Addrs, ","), "contacted": fmt.Sprint(n), "by": by.String(),
+	}})
+	switch {
+	case errors.Is(err, mesh.ErrJoinRefused):
+		return admin.JoinResult{}, admin.Errorf(admin.ErrConflict, "%v", err)
+	case err != nil:
+		return admin.JoinResult{}, admin.Errorf(admin.ErrConflict, "no address answered: %v (the agent keeps trying them)", err)
+	}
+	out := admin.JoinResult{Contacted: n}
+	for _, p := range b.mesh.Members() {
+		out.Members = append(out.Members, p.Name)
+	}
+	return out, nil
 }

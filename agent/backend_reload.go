@@ -26,12 +26,17 @@ func (b *Backend) Reload(_ context.Context, by admin.Caller) (admin.ReloadResult
 	}
 	res := admin.ReloadResult{Config: old.Path(), Applied: []string{}, NeedsRestart: []string{}}
 	res.Applied, res.NeedsRestart = diffConfig(old, next)
-	b.cfg.Store(next)
+	// old is what runs (see runningConfig), so a change read before and
+	// still waiting for a restart is reported again, and one undone in the
+	// file is not.
+	b.cfg.Store(runningConfig(old, next, res.NeedsRestart))
 	if _, err := b.applyLocked(); err != nil {
 		return res, err
 	}
 	if b.onReload != nil {
-		if err := b.onReload(old, next, &res); err != nil {
+		err := b.onReload(old, next, &res)
+		b.cfg.Store(runningConfig(old, next, res.NeedsRestart))
+		if err != nil {
 			return res, fmt.Errorf("reload: %w", err)
 		}
 	}

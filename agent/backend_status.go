@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
@@ -176,10 +177,15 @@ func (b *Backend) Route(_ context.Context, role string) (admin.Route, error) {
 	t := b.a.table
 	ds := t.Explain(role)
 	_, configured := cfg.Roles[role]
+	hints := b.roleHints(role, ds)
 	if !configured && len(ds) == 0 {
-		return admin.Route{}, admin.Errorf(admin.ErrNotFound, "role %q is not in the config of node %s and no node advertises it", role, cfg.Node.Name)
+		msg := fmt.Sprintf("role %q is not in the config of node %s and no node advertises it", role, cfg.Node.Name)
+		if len(hints) > 0 {
+			msg += "; " + strings.Join(hints, "; ")
+		}
+		return admin.Route{}, admin.Errorf(admin.ErrNotFound, "%s", msg)
 	}
-	rt := admin.Route{Role: role, Generation: t.Generation(), Decisions: []admin.Decision{}}
+	rt := admin.Route{Role: role, Generation: t.Generation(), Decisions: []admin.Decision{}, Hints: hints}
 	seen := map[string]bool{}
 	for _, d := range ds {
 		seen[d.Node] = true
@@ -254,6 +260,10 @@ func (b *Backend) proxyOrder(role string, ds []admin.Decision) {
 		if !ok || d.Kind != placement.KindRemote.String() {
 			continue
 		}
+		if r, ok := b.a.scorer.Refused(d.Node, role); ok {
+			d.Notes = append(d.Notes, fmt.Sprintf("its agent refused this role to this node (%s) at %s: tried last",
+				r.Why, r.At.UTC().Format(time.RFC3339)))
+		}
 		if ps.InFlight > 0 {
 			d.Notes = append(d.Notes, fmt.Sprintf("%d request(s) in flight", ps.InFlight))
 		}
@@ -275,4 +285,49 @@ func (b *Backend) proxyOrder(role string, ds []admin.Decision) {
 		}
 		return 0
 	})
+}
+
+// roleHints names the roles peers advertise (accepted or refused, as the
+// table and the recent audit know them) under a name close to role, when
+// no peer advertises role itself: "chat" here and "Chat" or "chats" there
+// is a typo, not a policy decision.
+func (b *Backend) roleHints(role string, ds []placement.Decision) []string {
+	for _, d := range ds {
+		if d.HasAdvert && d.Kind == placement.KindRemote {
+			return nil
+		}
+	}
+	near := map[string]map[string]bool{} // role -> nodes
+	add := func(r, node string) {
+		if r == role || r == "" || !closeNames(role, r) {
+			return
+		}
+		if near[r] == nil {
+			near[r] = map[string]bool{}
+		}
+		near[r][node] = true
+	}
+	for _, r := range b.a.table.Snapshot().Remotes {
+		add(r.Role, r.Node)
+	}
+	for _, e := range b.a.audit.Recent() {
+		if e.Kind == placement.AuditAdvertRefused {
+			add(e.Role, e.Node)
+		}
+	}
+	var out []string
+	for _, r := range sortedKeys(near) {
+		out = append(out, fmt.Sprintf("role %q is advertised by %s: did you mean it?", r, strings.Join(sortedKeys(near[r]), ", ")))
+	}
+	return out
+}
+
+// closeNames reports whether two role names are likely one name mistyped:
+// equal but for case, dashes and underscores, or a small edit apart.
+func closeNames(a, b string) bool {
+	norm := func(s string) string { return strings.ReplaceAll(strings.ToLower(s), "_", "-") }
+	if norm(a) == norm(b) {
+		return true
+	}
+	return editDistance(norm(a), norm(b)) <= max(1, min(len(a), len(b))/4)
 }

@@ -270,6 +270,18 @@ func TestReloadAppliesPolicyKeepsOverrides(t *testing.T) {
 	if len(hooked) != 1 {
 		t.Errorf("OnReload calls = %v, want 1", hooked)
 	}
+	// Reload compares the file with what runs, not with the last file
+	// read: the port change still waits for a restart, and once the file
+	// says the running port again, nothing does.
+	if res, err = aa.client.Reload(ctx); err != nil || strings.Join(res.NeedsRestart, "|") != fmt.Sprintf("roles.chat.port: %d -> %d", port, port+1) || len(res.Applied) != 0 {
+		t.Errorf("second reload of the same file = %+v, %v; want the port change still pending and nothing applied", res, err)
+	}
+	adminConfigFile(t, dir, `    expose: true
+    serve_to: [b]
+    accept_from: [c, d]`, port)
+	if res, err = aa.client.Reload(ctx); err != nil || len(res.NeedsRestart) != 0 || len(res.Applied) != 0 {
+		t.Errorf("reload back to the running port = %+v, %v; want no change at all", res, err)
+	}
 
 	// A broken file changes nothing.
 	if err := os.WriteFile(cfg.Path(), []byte("roles: {chat: {port: 0}}\n"), 0o600); err != nil {
@@ -363,6 +375,8 @@ func (f *fakeMesh) Revoked() []string {
 	return sortedKeys(f.revoked)
 }
 func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_signature": 2} }
+
+func (f *fakeMesh) JoinNow([]string) (int, error) { return 0, errors.New("fake mesh: no network") }
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -125,8 +126,13 @@ type AdminConfig struct {
 	// Group may change things through the socket (besides root and the
 	// agent's own user). Others may only read.
 	Group string `yaml:"group"`
-	// Metrics is an optional loopback TCP address serving /metrics.
+	// Metrics is an optional TCP address serving /metrics, /health and
+	// /ready; loopback unless MetricsAllowRemote.
 	Metrics string `yaml:"metrics"`
+	// MetricsAllowRemote lets Metrics bind off loopback, so a central
+	// Prometheus can scrape it. They are served to the network without
+	// authentication: firewall the port. Default false.
+	MetricsAllowRemote bool `yaml:"metrics_allow_remote"`
 	// PublicRead lets every local user connect to the socket (mode 0666,
 	// directory 0755) to read status; changes still need root, the agent's
 	// user or the admin group. Default false: the socket is 0660 and only
@@ -136,6 +142,10 @@ type AdminConfig struct {
 
 // ProxyConfig tunes the loopback proxy.
 type ProxyConfig struct {
+	// Listen is an optional loopback host:port serving every role at once:
+	// a request goes to the role its model names (a role, or a model an
+	// instance of a role serves). The role ports stay.
+	Listen string `yaml:"listen"`
 	// MaxBodyBytes limits request bodies. Default 16 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ConnectTimeout bounds connecting to an instance or peer. Default 2s.
@@ -147,6 +157,24 @@ type ProxyConfig struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// HealthInterval is how often static upstreams are probed. Default 2s.
 	HealthInterval time.Duration `yaml:"health_interval"`
+	// AccessLog logs one line per request (logger "access", level info):
+	// request id, source, role, model, the node that served it, status,
+	// duration, time to first byte, bytes. Default true.
+	AccessLog *bool `yaml:"access_log"`
+	// AccessLogSample is the fraction of successful requests logged;
+	// errors and aborted streams always are. Default 1.
+	AccessLogSample *float64 `yaml:"access_log_sample"`
+}
+
+// AccessLogOn reports whether the access log is on (the default).
+func (p ProxyConfig) AccessLogOn() bool { return p.AccessLog == nil || *p.AccessLog }
+
+// AccessLogSkip is the fraction of successful requests left out.
+func (p ProxyConfig) AccessLogSkip() float64 {
+	if p.AccessLogSample == nil {
+		return 0
+	}
+	return 1 - *p.AccessLogSample
 }
 
 // RoleConfig is one `infer.<role>`.
@@ -186,6 +214,23 @@ type InstanceConfig struct {
 	// Health is the readiness path. Default /health.
 	Health  string        `yaml:"health"`
 	Restart RestartPolicy `yaml:"restart"`
+	// GPUs the container may use (docker): all, a count, or device ids.
+	GPUs GPUs `yaml:"gpus"`
+	// ShmSize is the container's /dev/shm (docker), e.g. 8g; inference
+	// servers share tensors through it. Default the engine's 64m.
+	ShmSize ByteSize `yaml:"shm_size"`
+	// Memory limits the container's memory (docker), e.g. 32g.
+	Memory ByteSize `yaml:"memory"`
+	// CPUs limits the container's CPU time (docker), e.g. 4 or 0.5.
+	CPUs float64 `yaml:"cpus"`
+	// StopWithAgent stops the instance when the agent stops. Default
+	// false: instances outlive the agent (a restart or an upgrade adopts
+	// them without a gap); `infermesh instances stop ROLE` stops one.
+	StopWithAgent bool `yaml:"stop_with_agent"`
+	// StartupTimeout is how long the server may take to answer Health
+	// after it starts (loading a large model can take minutes) before it is
+	// restarted. Default 2m.
+	StartupTimeout time.Duration `yaml:"startup_timeout"`
 }
 
 // Mount is a bind mount into an instance.
@@ -215,6 +260,8 @@ const (
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second
 	defaultHealthPeriod = 2 * time.Second
+	// defaultStartupTimeout is provision's ReadyTimeout default.
+	defaultStartupTimeout = 2 * time.Minute
 )
 
 // FieldError is a configuration error naming the offending field.
@@ -247,6 +294,13 @@ var yamlFieldNotFound = regexp.MustCompile(`line (\d+): field (\S+) not found in
 
 // ParseConfig strictly decodes, defaults and validates YAML config data.
 func ParseConfig(data []byte) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	if err := checkKeys(&doc, reflect.TypeFor[Config]()); err != nil {
+		return nil, err
+	}
 	cfg := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -339,13 +393,26 @@ func (c *Config) Validate() error {
 		return err
 	}
 	c.Admin.Socket = cmp.Or(c.Admin.Socket, DefaultAdminSocket)
-	if c.Admin.Metrics != "" && !loopbackHostPort(c.Admin.Metrics) {
-		return fieldErr("admin.metrics", "%q is not a loopback host:port", c.Admin.Metrics)
+	if m := c.Admin.Metrics; m != "" && !loopbackHostPort(m) {
+		if !c.Admin.MetricsAllowRemote {
+			return fieldErr("admin.metrics", "%q is not a loopback host:port; set admin.metrics_allow_remote: true to serve metrics to the network", m)
+		}
+		if _, p, err := net.SplitHostPort(m); err != nil || p == "" {
+			return fieldErr("admin.metrics", "%q is not host:port", m)
+		}
 	}
 	if err := c.Proxy.validate(); err != nil {
 		return err
 	}
 	ports := map[int]string{}
+	if c.Proxy.Listen != "" {
+		if !loopbackHostPort(c.Proxy.Listen) {
+			return fieldErr("proxy.listen", "%q is not a loopback host:port", c.Proxy.Listen)
+		}
+		_, p, _ := net.SplitHostPort(c.Proxy.Listen)
+		n, _ := strconv.Atoi(p)
+		ports[n] = "proxy.listen"
+	}
 	names := make([]string, 0, len(c.Roles))
 	for name := range c.Roles {
 		names = append(names, name)
@@ -357,10 +424,16 @@ func (c *Config) Validate() error {
 		if err := placement.ValidateRole(name); err != nil {
 			return fieldErr(f, "%v", err)
 		}
+		if r.Port == 0 {
+			return fieldErr(f+".port", "is required (the loopback port apps use for the role)")
+		}
 		if r.Port < 1 || r.Port > 65535 {
 			return fieldErr(f+".port", "%d is not a port (1-65535)", r.Port)
 		}
 		if other, dup := ports[r.Port]; dup {
+			if other == "proxy.listen" {
+				return fieldErr(f+".port", "%d is already used by proxy.listen", r.Port)
+			}
 			return fieldErr(f+".port", "%d is already used by role %q", r.Port, other)
 		}
 		ports[r.Port] = name
@@ -486,6 +559,9 @@ func (p *ProxyConfig) validate() error {
 			return fieldErr(f.name, "%v is negative", f.d)
 		}
 	}
+	if s := p.AccessLogSample; s != nil && (*s < 0 || *s > 1) {
+		return fieldErr("proxy.access_log_sample", "%v is not a fraction from 0 to 1", *s)
+	}
 	p.ShutdownTimeout = cmp.Or(p.ShutdownTimeout, defaultShutdown)
 	p.HealthInterval = cmp.Or(p.HealthInterval, defaultHealthPeriod)
 	return nil
@@ -520,7 +596,10 @@ func (in *InstanceConfig) validate(f string) error {
 		if !filepath.IsAbs(in.Command) {
 			return fieldErr(f+".command", "%q must be an absolute path", in.Command)
 		}
-		for _, e := range []error{unused("image", in.Image != ""), unused("mounts", len(in.Mounts) > 0)} {
+		for _, e := range []error{
+			unused("image", in.Image != ""), unused("mounts", len(in.Mounts) > 0), unused("gpus", in.GPUs != ""),
+			unused("shm_size", in.ShmSize != 0), unused("memory", in.Memory != 0), unused("cpus", in.CPUs != 0),
+		} {
 			if e != nil {
 				return e
 			}
@@ -530,12 +609,17 @@ func (in *InstanceConfig) validate(f string) error {
 		for _, e := range []error{
 			unused("image", in.Image != ""), unused("command", in.Command != ""), unused("args", len(in.Args) > 0),
 			unused("env", len(in.Env) > 0), unused("port", in.Port != 0), unused("mounts", len(in.Mounts) > 0),
+			unused("gpus", in.GPUs != ""), unused("shm_size", in.ShmSize != 0), unused("memory", in.Memory != 0), unused("cpus", in.CPUs != 0),
+			unused("stop_with_agent", in.StopWithAgent),
 		} {
 			if e != nil {
 				return e
 			}
 		}
 		return nil
+	}
+	if in.Port == 0 {
+		return fieldErr(f+".port", "is required (the port the server listens on)")
 	}
 	if in.Port < 1 || in.Port > 65535 {
 		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)
@@ -558,6 +642,13 @@ func (in *InstanceConfig) validate(f string) error {
 			return fieldErr(mf+".container", "%q must be an absolute path", m.Container)
 		}
 	}
+	if in.CPUs < 0 {
+		return fieldErr(f+".cpus", "%v is negative", in.CPUs)
+	}
+	if in.StartupTimeout < 0 {
+		return fieldErr(f+".startup_timeout", "%v is negative", in.StartupTimeout)
+	}
+	in.StartupTimeout = cmp.Or(in.StartupTimeout, defaultStartupTimeout)
 	if in.Restart.Max < 0 {
 		return fieldErr(f+".restart.max", "%d is negative", in.Restart.Max)
 	}

@@ -4,9 +4,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/provision"
 )
 
 const fullConfig = `
@@ -106,6 +110,22 @@ func TestParseConfigErrors(t *testing.T) {
 	}{
 		{"unknown top key", "node: {name: a}\nbogus: 1\n", `line 2: unknown key "bogus"`},
 		{"unknown nested key", "node: {name: a}\nroles:\n  chat:\n    port: 1\n    upstreem: x\n", `line 5: unknown key "upstreem"`},
+		{"unknown key path and hint", "node: {name: a}\nroles:\n  chat:\n    port: 1\n    upstreem: x\n", `unknown key "upstreem" (roles.chat.upstreem); did you mean "upstream"?`},
+		{"dash for underscore", "node: {name: a}\nroles:\n  chat: {port: 1, serve-to: [b]}\n", `(roles.chat.serve-to); did you mean "serve_to"?`},
+		{"unknown key in a list item", "node: {name: a}\ntrust: {nodes: [{name: b, pubkey: k}]}\n", `unknown key "pubkey" (trust.nodes[0].pubkey)`},
+		{"every unknown key at once", "nodee: {name: a}\nbogus: 1\n", `line 1: unknown key "nodee" (nodee); did you mean "node"?; line 2: unknown key "bogus" (bogus)`},
+		{"duration without unit", "node: {name: a}\nproxy: {connect_timeout: 5}\n", "line 2: proxy.connect_timeout: 5 has no unit; write 5s"},
+		{"nested duration without unit", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, restart: {backoff: 2}}}\n", "roles.c.instance.restart.backoff: 2 has no unit"},
+		{"role port required", "node: {name: a}\nroles:\n  chat: {upstream: 'http://127.0.0.1:80'}\n", "roles.chat.port: is required"},
+		{"instance port required", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x}}\n", "roles.chat.instance.port: is required"},
+		{"shared port off loopback", "node: {name: a}\nproxy: {listen: '0.0.0.0:8080'}\n", "proxy.listen"},
+		{"shared port is a role port", "node: {name: a}\nproxy: {listen: '127.0.0.1:8080'}\nroles:\n  chat: {port: 8080}\n", "roles.chat.port: 8080 is already used by proxy.listen"},
+		{"bad gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: some}}\n", `gpus "some" is not all, a count or a list of device ids`},
+		{"zero gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: 0}}\n", `gpus "0"`},
+		{"bad size", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, shm_size: lots}}\n", `"lots" is not a size`},
+		{"native with gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {runtime: native, command: /bin/x, port: 1, gpus: all}}\n", "roles.c.instance.gpus: is not used by runtime native"},
+		{"negative cpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, cpus: -1}}\n", "roles.c.instance.cpus"},
+		{"negative startup timeout", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, startup_timeout: -1s}}\n", "roles.c.instance.startup_timeout"},
 		{"bad role name", "node: {name: a}\nroles:\n  'a/b': {port: 1}\n", "roles.a/b"},
 		{"port range", "node: {name: a}\nroles:\n  chat: {port: 70000}\n", "roles.chat.port"},
 		{"duplicate port", "node: {name: a}\nroles:\n  a: {port: 5}\n  b: {port: 5}\n", `roles.b.port: 5 is already used by role "a"`},
@@ -129,7 +149,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad authority", "node: {name: a}\ntrust: {authority: 'AAAA'}\n", "trust.authority"},
 		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},
 		{"bad scope", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: k, scope: admin}]}\n", "trust.nodes[0].scope"},
-		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "admin.metrics"},
+		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "set admin.metrics_allow_remote: true"},
+		{"remote metrics not host:port", "node: {name: a}\nadmin: {metrics: 'nope', metrics_allow_remote: true}\n", "admin.metrics"},
 		{"bad node name", "node: {name: '-x'}\n", "node.name"},
 		{"not yaml", "node: [\n", "yaml"},
 		{"unknown runtime", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: futureRuntime, image: x, port: 1}}\n", `roles.chat.instance.runtime: "futureRuntime" is not docker, native or simulated`},
@@ -185,5 +206,68 @@ func TestExampleConfigsParse(t *testing.T) {
 		if _, err := LoadConfig(f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
+	}
+}
+
+// TestReferenceConfigStarts: configs/infermesh.yaml runs as shipped. Only
+// what cannot be shared on a test machine changes: the state, cache and
+// socket paths and the ports. Everything else (admin.group included) is the
+// file's.
+func TestReferenceConfigStarts(t *testing.T) {
+	cfg, err := LoadConfig("../configs/infermesh.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg.Node.StateDir = filepath.Join(dir, "state")
+	cfg.Node.CacheDir = filepath.Join(dir, "cache")
+	cfg.Admin.Socket = filepath.Join(dir, "admin.sock")
+	if cfg.Mesh.Enabled() {
+		t.Fatal("the reference config enables the mesh: it cannot start without a keyring file")
+	}
+	for name, r := range cfg.Roles {
+		r.Port = testnet.TCPPort(t, "127.0.0.1")
+		cfg.Roles[name] = r
+	}
+	a := runAgent(t, cfg, Options{})
+	waitFor(t, "the admin socket", func() bool { _, ok := a.AdminSocket(); return ok })
+}
+
+func TestMetricsOffLoopbackWhenAllowed(t *testing.T) {
+	cfg, err := ParseConfig([]byte("node: {name: a}\nadmin: {metrics: '0.0.0.0:9090', metrics_allow_remote: true}\n"))
+	if err != nil || cfg.Admin.Metrics != "0.0.0.0:9090" {
+		t.Errorf("metrics off loopback with metrics_allow_remote = %v", err)
+	}
+}
+
+func TestInstanceResourcesAndStartup(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+node: {name: a}
+roles:
+  big: {port: 1, instance: {image: vllm:local, port: 8000, gpus: all, shm_size: 8g, memory: 32g, cpus: 4.5, startup_timeout: 15m}}
+  ids: {port: 2, instance: {image: x, port: 8000, gpus: [0, GPU-3a1b]}}
+  two: {port: 3, instance: {image: x, port: 8000, gpus: 2}}
+  none: {port: 4, instance: {image: x, port: 8000}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.desiredInstances()
+	want := map[string]*provision.Resources{
+		"big":  {GPUs: "all", ShmSize: 8 << 30, Memory: 32 << 30, NanoCPUs: 4_500_000_000},
+		"ids":  {GPUs: "0,GPU-3a1b"},
+		"two":  {GPUs: "2"},
+		"none": nil,
+	}
+	for role, w := range want {
+		if got := d[role].Resources; !reflect.DeepEqual(got, w) {
+			t.Errorf("%s: resources = %+v, want %+v", role, got, w)
+		}
+	}
+	if got := d["big"].StartTimeout; got != 15*time.Minute {
+		t.Errorf("big: start timeout = %v, want 15m", got)
+	}
+	if got := d["none"].StartTimeout; got != 2*time.Minute {
+		t.Errorf("none: start timeout = %v, want the 2m default", got)
 	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 )
 
@@ -109,4 +110,34 @@ func structDiff(prefix string, o, n reflect.Value) []string {
 		}
 	}
 	return out
+}
+
+// runningConfig is the config in force after a reload from old (in force
+// until now) to next, so that the next reload compares the file with what
+// runs rather than with the last file read: next's role policy, and next's
+// trust and instances unless the reload left them for a restart (they are
+// in needsRestart); old's everything else. A role added by next waits for a
+// restart (its listener), so it is not in force; a role next removed is no
+// longer in force for policy (its overrides turn inactive).
+func runningConfig(old, next *Config, needsRestart []string) *Config {
+	pending := func(prefix string) bool {
+		return slices.ContainsFunc(needsRestart, func(c string) bool { return strings.HasPrefix(c, prefix) })
+	}
+	r := *old
+	r.Roles = make(map[string]RoleConfig, len(old.Roles))
+	for name, o := range old.Roles {
+		n, ok := next.Roles[name]
+		if !ok {
+			continue
+		}
+		o.Expose, o.ServeTo, o.AcceptFrom = n.Expose, n.ServeTo, n.AcceptFrom
+		if !pending("roles." + name + ".instance:") {
+			o.Instance = n.Instance
+		}
+		r.Roles[name] = o
+	}
+	if !pending("trust") {
+		r.Trust = next.Trust
+	}
+	return &r
 }

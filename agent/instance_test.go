@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +124,14 @@ func TestManagedInstanceEndToEnd(t *testing.T) {
 
 	a, stop := start(load(true))
 	chat(a)
+	// The instance's state and restarts are in the metrics.
+	rec := httptest.NewRecorder()
+	a.metrics.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`infermesh_instance_state{role="chat",state="ready"} 1`, `infermesh_instance_restarts_total{role="chat"} 0`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
 	first := containerOf()
 	inspect1, err := cli.ContainerInspect(context.Background(), first.ID)
 	if err != nil {

@@ -2,13 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
@@ -113,18 +116,27 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	return m, nil
 }
 
-// joinMesh joins in the background; a permanent refusal is logged loudly
-// (the node keeps serving its local roles).
-func (a *Agent) joinMesh(ctx context.Context, m *mesh.Mesh) {
-	n, err := m.Join(ctx)
-	switch {
-	case err == nil && n > 0:
-		a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"contacts": fmt.Sprint(n)}})
-	case errors.Is(err, mesh.ErrJoinRefused):
-		a.log.Error("the mesh refused this node; serving local roles only", zap.Error(err))
-		a.audit.Record(Event{Kind: "mesh.join.refused", Fields: map[string]string{"why": err.Error()}})
-	case err != nil && ctx.Err() == nil:
-		a.log.Error("joining the mesh failed", zap.Error(err))
+// healMesh joins the mesh and keeps it whole until ctx ends: it contacts
+// the configured join addresses and the peers last seen (kept in the state
+// store, db) whenever they are not live members, with backoff
+// (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
+// node keeps serving its local roles and keeps trying.
+func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB) {
+	var o mesh.HealOptions
+	if db != nil {
+		o.Peers, o.Seqs = peerBook{db}, seqBook{db}
+	}
+	var joined atomic.Bool
+	o.OnJoin = func(addr string, members int) {
+		if !joined.Swap(true) {
+			a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"addr": addr, "members": fmt.Sprint(members)}})
+		}
+	}
+	o.OnRefused = func(addr string, err error) {
+		a.audit.Record(Event{Kind: "mesh.join.refused", Fields: map[string]string{"addr": addr, "why": err.Error()}})
+	}
+	if err := m.Heal(ctx, o); err != nil && !errors.Is(err, mesh.ErrClosed) {
+		a.log.Error("mesh healing stopped", zap.Error(err))
 	}
 }
 
@@ -145,4 +157,89 @@ func (a *Agent) closeMesh(m *mesh.Mesh) {
 	if err := m.Close(); err != nil {
 		a.log.Warn("closing the mesh", zap.Error(err))
 	}
+}
+
+// The mesh's buckets in the state store, each one JSON value under one key
+// (small, bounded by the mesh, written whole): the peers the mesh rejoins
+// after a restart, and its advert sequence numbers (its own floor, and the
+// high-water marks and advert sets of every origin heard).
+var (
+	bucketMeshPeers = []byte("mesh_peers.v1")
+	keyMeshPeers    = []byte("known")
+	bucketMeshSeqs  = []byte("mesh_seqs.v1")
+	keyMeshSeqs     = []byte("state")
+)
+
+// peerBook is the mesh's list of last-known peers in the state store.
+type peerBook struct{ db *bbolt.DB }
+
+var _ mesh.PeerBook = peerBook{}
+
+// LoadPeers returns the saved peers; none when nothing was saved.
+func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
+	var out []mesh.KnownPeer
+	if err := loadJSON(b.db, bucketMeshPeers, keyMeshPeers, &out); err != nil {
+		return nil, fmt.Errorf("load mesh peers: %w", err)
+	}
+	return out, nil
+}
+
+// SavePeers replaces the saved peers.
+func (b peerBook) SavePeers(peers []mesh.KnownPeer) error {
+	if err := saveJSON(b.db, bucketMeshPeers, keyMeshPeers, peers); err != nil {
+		return fmt.Errorf("save mesh peers: %w", err)
+	}
+	return nil
+}
+
+// seqBook is the mesh's advert sequence state in the state store.
+type seqBook struct{ db *bbolt.DB }
+
+var _ mesh.SeqBook = seqBook{}
+
+// LoadSeqs returns the saved state; the zero state when nothing was saved.
+func (b seqBook) LoadSeqs() (mesh.SeqState, error) {
+	var st mesh.SeqState
+	if err := loadJSON(b.db, bucketMeshSeqs, keyMeshSeqs, &st); err != nil {
+		return mesh.SeqState{}, fmt.Errorf("load advert sequence numbers: %w", err)
+	}
+	return st, nil
+}
+
+// SaveSeqs replaces the saved state.
+func (b seqBook) SaveSeqs(st mesh.SeqState) error {
+	if err := saveJSON(b.db, bucketMeshSeqs, keyMeshSeqs, st); err != nil {
+		return fmt.Errorf("save advert sequence numbers: %w", err)
+	}
+	return nil
+}
+
+// loadJSON decodes the value under key in bucket into v; v is left alone
+// when there is none.
+func loadJSON(db *bbolt.DB, bucket, key []byte, v any) error {
+	return db.View(func(tx *bbolt.Tx) error {
+		bk := tx.Bucket(bucket)
+		if bk == nil {
+			return nil
+		}
+		if b := bk.Get(key); b != nil {
+			return json.Unmarshal(b, v)
+		}
+		return nil
+	})
+}
+
+// saveJSON stores v under key in bucket, creating the bucket.
+func saveJSON(db *bbolt.DB, bucket, key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return db.Update(func(tx *bbolt.Tx) error {
+		bk, err := tx.CreateBucketIfNotExists(bucket)
+		if err != nil {
+			return err
+		}
+		return bk.Put(key, b)
+	})
 }

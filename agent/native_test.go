@@ -98,17 +98,16 @@ func workloadProcesses(ref string) int {
 	return n
 }
 
-// TestNativeInstanceSurvivesAgentKill: the agent runs as its own process
-// and is killed with SIGKILL. Its native instance runs on, answering all
-// along; the restarted agent adopts it (the same pid, not restarted, no
-// second process) and serves through it again.
-func TestNativeInstanceSurvivesAgentKill(t *testing.T) {
-	b := staticBins(t)
+// nativeAgentConfig writes the config of an agent (node a of a new site
+// named after prefix) whose role chat is a native demo instance, with
+// extra appended to its instance fields; the site is deleted at cleanup.
+func nativeAgentConfig(t *testing.T, b map[string]string, prefix, extra string) (config, sock, site string, port, rolePort int) {
+	t.Helper()
 	dir := t.TempDir()
-	port, rolePort := testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1")
-	site := fmt.Sprintf("agentkill%x", time.Now().UnixNano()&0xffffff)
-	sock := filepath.Join(dir, "admin.sock")
-	config := filepath.Join(dir, "infermesh.yaml")
+	port, rolePort = testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1")
+	site = fmt.Sprintf("%s%x", prefix, time.Now().UnixNano()&0xffffff)
+	sock = filepath.Join(dir, "admin.sock")
+	config = filepath.Join(dir, "infermesh.yaml")
 	os.WriteFile(config, []byte(fmt.Sprintf(`site: %s
 node: {name: a, state_dir: %s/state, cache_dir: %s/cache}
 admin: {socket: %s}
@@ -117,10 +116,20 @@ roles:
   chat:
     port: %d
     model: m
-    instance: {runtime: native, command: %s, args: [-listen, "127.0.0.1:%d", -model, m], port: %d}
-`, site, dir, dir, sock, rolePort, b["infermesh-demo"], port, port)), 0o600)
+    instance: {runtime: native, command: %s, args: [-listen, "127.0.0.1:%d", -model, m], port: %d%s}
+`, site, dir, dir, sock, rolePort, b["infermesh-demo"], port, port, extra)), 0o600)
 	layout := cleanup.Layout{StateDir: dir + "/state", CacheRoot: dir + "/cache", Site: site}
 	t.Cleanup(func() { deleteSite(t, layout, "a") })
+	return config, sock, site, port, rolePort
+}
+
+// TestNativeInstanceSurvivesAgentKill: the agent runs as its own process
+// and is killed with SIGKILL. Its native instance runs on, answering all
+// along; the restarted agent adopts it (the same pid, not restarted, no
+// second process) and serves through it again.
+func TestNativeInstanceSurvivesAgentKill(t *testing.T) {
+	b := staticBins(t)
+	config, sock, site, port, rolePort := nativeAgentConfig(t, b, "agentkill", "")
 
 	c := admin.NewClient(sock, admin.ClientOptions{Wait: 10 * time.Second})
 	defer c.Close()
@@ -331,5 +340,42 @@ roles:
 	}
 	if _, err := os.Stat(filepath.Join(dir, "sites")); !os.IsNotExist(err) {
 		t.Errorf("a simulated instance made a site root: %v", err)
+	}
+}
+
+// TestInstancesStopWithTheAgentOrTheOperator: with stop_with_agent the
+// instance stops when the agent does (SIGTERM); `instances stop` stops one
+// at once, and it stays stopped until `instances retry`.
+func TestInstancesStopWithTheAgentOrTheOperator(t *testing.T) {
+	b := staticBins(t)
+	config, sock, _, _, _ := nativeAgentConfig(t, b, "agentstop", ", stop_with_agent: true")
+	c := admin.NewClient(sock, admin.ClientOptions{Wait: 10 * time.Second})
+	defer c.Close()
+	ag := startAgentProc(t, b["infermeshd"], config)
+	ready := func(i admin.Instance) bool { return i.State == "ready" && i.PID > 0 }
+	pid := instanceWhen(t, c, "chat", ready).PID
+
+	// The operator stops it: gone at once, and it stays stopped.
+	st, err := c.StopInstance(context.Background(), "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "failed" || testproc.Alive(pid) {
+		t.Fatalf("after instances stop: %+v, process %d alive %v", st, pid, testproc.Alive(pid))
+	}
+	if _, err := c.RetryInstance(context.Background(), "chat"); err != nil {
+		t.Fatal(err)
+	}
+	pid = instanceWhen(t, c, "chat", func(i admin.Instance) bool { return ready(i) && i.PID != pid }).PID
+
+	// The agent stops: with stop_with_agent, so does the instance.
+	if err := ag.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := ag.cmd.Wait(); err != nil {
+		t.Fatalf("agent exit: %v\n%s", err, ag.out)
+	}
+	if testproc.Alive(pid) {
+		t.Errorf("process %d outlived the agent despite stop_with_agent", pid)
 	}
 }

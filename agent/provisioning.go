@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -31,6 +33,10 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 		for _, m := range in.Mounts {
 			mounts = append(mounts, provision.Mount{HostPath: m.Host, ContainerPath: m.Container, ReadOnly: m.ReadOnly})
 		}
+		var res *provision.Resources
+		if in.GPUs != "" || in.ShmSize != 0 || in.Memory != 0 || in.CPUs != 0 {
+			res = &provision.Resources{GPUs: string(in.GPUs), ShmSize: int64(in.ShmSize), Memory: int64(in.Memory), NanoCPUs: int64(in.CPUs * 1e9)}
+		}
 		out[name] = provision.InstanceSpec{
 			Image:   in.Image,
 			Command: in.Command,
@@ -42,6 +48,9 @@ func (c *Config) desiredInstances() map[string]provision.InstanceSpec {
 			Model:   r.Model,
 			Runtime: in.Runtime,
 			Restart: provision.RestartPolicy{Max: in.Restart.Max, Window: in.Restart.Window, Backoff: in.Restart.Backoff},
+
+			Resources:    res,
+			StartTimeout: in.StartupTimeout,
 		}
 	}
 	return out
@@ -140,6 +149,7 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if p.mgr, err = provision.NewManager(mcfg); err != nil {
 		return nil, err
 	}
+	a.metrics.SetInstances(instanceStats{p.mgr})
 	if err := p.mgr.Apply(ctx, desired); err != nil {
 		return nil, fmt.Errorf("roles: %w", err)
 	}
@@ -216,9 +226,55 @@ func (l *lateInstances) Retry(role string) error {
 	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
 }
 
+func (l *lateInstances) Stop(ctx context.Context, role string) error {
+	if m := l.m.Load(); m != nil {
+		return m.Stop(ctx, role)
+	}
+	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
+}
+
 func (l *lateInstances) Logs(role string, n int) []provision.LogLine {
 	if m := l.m.Load(); m != nil {
 		return m.Logs(role, n)
 	}
 	return nil
 }
+
+// instanceStats adapts the instance manager to the metrics.
+type instanceStats struct{ m *provision.Manager }
+
+func (s instanceStats) InstanceStats() []metrics.InstanceStat {
+	list := s.m.Instances()
+	out := make([]metrics.InstanceStat, 0, len(list))
+	for _, i := range list {
+		out = append(out, metrics.InstanceStat{Role: i.Role, State: string(i.State), Restarts: i.Restarts})
+	}
+	return out
+}
+
+// stopWithAgent stops the instances of the roles configured with
+// stop_with_agent, once the manager (done) has ended: instances outlive the
+// agent otherwise, and the next agent adopts them.
+func (a *Agent) stopWithAgent(m *provision.Manager, done <-chan struct{}) {
+	var roles []string
+	for _, name := range sortedKeys(a.cfg.Roles) {
+		if in := a.cfg.Roles[name].Instance; in != nil && in.StopWithAgent {
+			roles = append(roles, name)
+		}
+	}
+	if len(roles) == 0 {
+		return
+	}
+	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), stopWithAgentTimeout)
+	defer cancel()
+	if err := m.Halt(ctx, roles...); err != nil {
+		a.log.Error("stopping instances with the agent", zap.Strings("roles", roles), zap.Error(err))
+		return
+	}
+	a.log.Info("stopped instances with the agent (stop_with_agent)", zap.Strings("roles", roles))
+}
+
+// stopWithAgentTimeout bounds stopping instances at shutdown; within the
+// unit's TimeoutStopSec with the proxy's drain.
+const stopWithAgentTimeout = 10 * time.Second

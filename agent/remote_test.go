@@ -48,6 +48,7 @@ type testUpstream struct {
 	cancelled atomic.Int32 // requests whose context ended before the handler finished
 	mu        sync.Mutex
 	models    []string // the model field of every request body
+	ids       []string // the X-Request-Id of every request
 	stop      func()
 }
 
@@ -74,6 +75,7 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			_ = json.Unmarshal(body, &m)
 			u.mu.Lock()
 			u.models = append(u.models, m.Model)
+			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
@@ -114,6 +116,10 @@ type testMesh struct {
 	order   []string
 	// shutdown is proxy.shutdown_timeout of every node (default 2s).
 	shutdown time.Duration
+	// joins overrides the node a node's mesh.join names ("": none; the
+	// default is the first node, for every other node).
+	joins  map[string]string
+	shared map[string]bool // nodes that also serve proxy.listen (any free port)
 }
 
 type meshNode struct {
@@ -184,7 +190,11 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
 	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
 	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyring)
-	if name != tm.order[0] {
+	if j, ok := tm.joins[name]; ok {
+		if j != "" {
+			fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[j].bind)
+		}
+	} else if name != tm.order[0] {
 		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
 	}
 	b.WriteString("trust:\n  nodes:\n")
@@ -219,6 +229,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		r.Port = 0 // any free loopback port; RoleAddr tells which
 		cfg.Roles[role] = r
 	}
+	if tm.shared[name] {
+		cfg.Proxy.Listen = n.ip + ":0"
+	}
 	a, err := New(cfg, Options{
 		MeshTuning: func(c *mesh.Config) {
 			c.GossipInterval = 20 * time.Millisecond
@@ -229,6 +242,8 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			c.TCPTimeout = time.Second
 			c.JoinBackoff = 20 * time.Millisecond
 			c.JoinMaxBackoff = 100 * time.Millisecond
+			c.RejoinInterval = 100 * time.Millisecond
+			c.RejoinMaxBackoff = 400 * time.Millisecond
 		},
 		TransportTuning: func(c *mesh.TransportConfig) {
 			c.KeepAlivePeriod = 100 * time.Millisecond
@@ -240,7 +255,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.agent = a
+	n.agent, n.stopped = a, false
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- a.Run(ctx) }()
@@ -406,8 +421,10 @@ func TestRemoteRefusals(t *testing.T) {
 	}{
 		{"a has not allowed b", setup{aAccepts: nil, bExpose: true, bServeTo: []string{"a"}}, false,
 			http.StatusServiceUnavailable, "", placement.ReasonNotAllowlisted},
+		// b's refusal is a failure before the first byte: with no other
+		// candidate, a answers that nothing serves the role to it.
 		{"b does not serve the role to a", setup{aAccepts: []string{"b"}, bExpose: true, bServeTo: []string{"c"}}, true,
-			http.StatusNotFound, placement.ReasonNotOnServeList, ""},
+			http.StatusServiceUnavailable, placement.ReasonNotOnServeList, ""},
 		{"b does not expose the role", setup{aAccepts: []string{"b"}, bExpose: false}, false,
 			http.StatusServiceUnavailable, placement.ReasonNotExposed, ""},
 	}
@@ -474,8 +491,7 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 	tm.start("a", map[string]roleSpec{"other": {}}, false)
 	ub := startUpstream(t, "model-b", 0)
 	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a", "mallory"}}}, false)
-	// "a" must be a member b admits: until then any key under its name is
-	// refused as not admitted, not as a mismatch.
+	// "a with another key" is a key mismatch only once b knows a's key.
 	waitFor(t, "b admits a", func() bool { return b.agent.Mesh().IsAdmitted("a") })
 
 	_, stranger, _ := ed25519.GenerateKey(nil)
@@ -681,5 +697,117 @@ func TestRemoteRequestNeverBounces(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || uc.requests.Load() != 1 {
 		t.Errorf("b's own request: status %d, c served %d; want 200 and 1", resp.StatusCode, uc.requests.Load())
+	}
+}
+
+// TestRouteHintsANearRoleName: a asks for chat, b advertises chats (a typo
+// on one side). route chat on a names b's role as the one probably meant,
+// and an unknown role's not-found error does too.
+func TestRouteHintsANearRoleName(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chats": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a refuses b's advert of chats", func() bool {
+		return slices.ContainsFunc(a.agent.Audit().Recent(), func(e Event) bool {
+			return e.Kind == placement.AuditAdvertRefused && e.Role == "chats" && e.Node == "b"
+		})
+	})
+	a.agent.mu.Lock()
+	be := a.agent.admin.Backend()
+	a.agent.mu.Unlock()
+	rt, err := be.Route(context.Background(), "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `role "chats" is advertised by b: did you mean it?`; !slices.Contains(rt.Hints, want) {
+		t.Errorf("route chat hints = %q, want %q", rt.Hints, want)
+	}
+	if _, err := be.Route(context.Background(), "chatz"); err == nil || !strings.Contains(err.Error(), `role "chats" is advertised by b`) {
+		t.Errorf("route chatz = %v, want not found with the hint", err)
+	}
+	if _, err := be.Route(context.Background(), "chats"); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("route chats = %v; want not found, with no hint for the name itself", err)
+	}
+}
+
+// TestRequestIDAndServedByAcrossTheMesh: a request served by a peer keeps
+// one id on both hops (the app's, or the one a makes), and the response
+// names the peer that served it.
+func TestRequestIDAndServedByAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	for i, sent := range []string{"app-trace-42", ""} {
+		req, _ := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
+			strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+		if sent != "" {
+			req.Header.Set(proxy.RequestIDHeader, sent)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		id := resp.Header.Get(proxy.RequestIDHeader)
+		ub.mu.Lock()
+		seen := ub.ids[i]
+		ub.mu.Unlock()
+		if resp.StatusCode != 200 || id == "" || id != seen || (sent != "" && id != sent) {
+			t.Errorf("request %d: status %d, response id %q, b's instance saw %q, app sent %q", i, resp.StatusCode, id, seen, sent)
+		}
+		if by := resp.Header.Get(proxy.ServedByHeader); by != "b" {
+			t.Errorf("request %d: %s = %q, want b", i, proxy.ServedByHeader, by)
+		}
+	}
+}
+
+// TestSharedPortAcrossTheMesh: a's shared port lists what a can reach now
+// (its own role and b's, within the allowlists), and routes a request for
+// b's model to b.
+func TestSharedPortAcrossTheMesh(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	tm.shared = map[string]bool{"a": true}
+	ua := startUpstream(t, "model-a", 0)
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{
+		"embed": {upstream: ua, model: "model-a"},
+		"chat":  {acceptFrom: []string{"b"}},
+	}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	waitFor(t, "a's embed instance is up", func() bool { return len(a.agent.Table().Resolve("embed")) > 0 })
+	addr, ok := a.agent.SharedAddr()
+	if !ok {
+		t.Fatal("no shared port")
+	}
+	base := "http://" + addr.String()
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Data []struct{ ID string } }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if got, want := strings.Join(ids, ","), "chat,model-b,embed,model-a"; got != want {
+		t.Errorf("shared /v1/models = %s, want %s", got, want)
+	}
+	c := sdkClient(base)
+	for model, up := range map[string]*testUpstream{"model-b": ub, "chat": ub, "model-a": ua, "embed": ua} {
+		before := up.requests.Load()
+		r, err := c.Chat.Completions.New(context.Background(), chatReq(model))
+		if err != nil {
+			t.Fatalf("model %s: %v", model, err)
+		}
+		if r.Model != model || up.requests.Load() != before+1 {
+			t.Errorf("model %s: answered as %q, its instance served %d new requests; want it routed there", model, r.Model, up.requests.Load()-before)
+		}
 	}
 }

@@ -68,6 +68,7 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	if a.cfg.Proxy.ConnectTimeout > 0 {
 		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
 	}
+	cfg.Leaving = m.Leaving
 	cfg.OnRefused = func(peer, why string) {
 		a.audit.Record(Event{Kind: mesh.AuditQUICRefused, Node: peer, Fields: map[string]string{"why": why}})
 	}
@@ -78,6 +79,9 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Gossip saying a peer is gone is confirmed over QUIC before its
+	// adverts are forgotten.
+	m.SetConfirmer(tr)
 	a.remote.tr.Store(tr)
 	a.mu.Lock()
 	a.transport = tr

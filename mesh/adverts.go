@@ -44,6 +44,10 @@ type advertBody struct {
 	Model     string   `json:"model,omitempty"`
 	Load      uint32   `json:"load,omitempty"`
 	Methods   []string `json:"methods,omitempty"`
+	// Set is the origin's advert set at Seq: every role it serves. A
+	// newer set that omits a role withdraws it. Nil (absent) when the set
+	// would not fit in one advert.
+	Set []string `json:"set"`
 }
 
 func (b advertBody) advert() placement.Advert {
@@ -184,12 +188,18 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 			fmt.Sprintf("sequence %d, already have %d", body.Seq, rec.seq))
 		return
 	}
+	if why := m.checkOriginLocked(p.meta.key, body); why != "" {
+		m.advMu.Unlock()
+		m.refuse(auditAdvertRefused, origin, role, reasonStale, why)
+		return
+	}
 	// Only a strictly newer sequence number gets here: only it refreshes
 	// the TTL in placement. The record (and the relay below) keep their own
 	// copy: memberlist reuses NotifyMsg's buffer, and a push/pull buffer
 	// holds every other advert too.
 	msg = bytes.Clone(msg)
 	m.adverts[k] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
+	m.noteOriginLocked(p.meta.key, body)
 	if m.sink != nil {
 		if body.Withdrawn {
 			m.sink.Withdraw(role, origin)
@@ -285,6 +295,11 @@ func (m *Mesh) nextSeq() uint64 {
 func (m *Mesh) publish(body advertBody) error {
 	body.Cluster, body.Origin, body.Seq = m.cfg.Cluster, m.name, m.nextSeq()
 	msg, err := encodeAdvert(body, m.priv)
+	if err != nil && body.Set != nil {
+		// Too many roles for the set to fit: send the advert alone.
+		body.Set = nil
+		msg, err = encodeAdvert(body, m.priv)
+	}
 	if err != nil {
 		return err
 	}
@@ -339,20 +354,29 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 	refresh := m.cfg.AdvertTTL / 3
 	// A load change alone is sent at most this often.
 	loadRefresh := min(refresh, time.Second)
+	ads := m.sink.Advertisements()
 	seen := map[string]bool{}
-	for _, ad := range m.sink.Advertisements() {
+	var set []string
+	for _, ad := range ads {
+		if role := ad.Role(); role != "" && ad.Node == m.name {
+			seen[role] = true
+			set = append(set, role)
+		}
+	}
+	slices.Sort(set)
+	set = append([]string{}, set...) // never nil: an empty set withdraws every role
+	for _, ad := range ads {
 		role := ad.Role()
 		if role == "" || ad.Node != m.name {
 			continue
 		}
-		seen[role] = true
 		prev, ok := sent[role]
 		age := now.Sub(prev.at)
 		due := !ok || age >= refresh || !sameButLoad(prev.ad, ad) || (prev.ad.Load != ad.Load && age >= loadRefresh)
 		if !due {
 			continue
 		}
-		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods})
+		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods, Set: set})
 		if err != nil {
 			m.log.Warn("cannot advertise role", zap.String("role", role), zap.Error(err))
 			continue
@@ -363,7 +387,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		if seen[role] {
 			continue
 		}
-		if err := m.publish(advertBody{Role: role, Withdrawn: true}); err != nil {
+		if err := m.publish(advertBody{Role: role, Withdrawn: true, Set: set}); err != nil {
 			m.log.Warn("cannot withdraw role", zap.String("role", role), zap.Error(err))
 			continue
 		}

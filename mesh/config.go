@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
@@ -112,6 +113,25 @@ type Config struct {
 	// Defaults DefaultJoinBackoff and DefaultJoinMaxBackoff.
 	JoinBackoff    time.Duration
 	JoinMaxBackoff time.Duration
+	// RejoinInterval is how often Heal looks for configured and known
+	// peers that are not live members, and the first backoff of each;
+	// RejoinMaxBackoff caps the doubling. Defaults DefaultRejoinInterval
+	// and DefaultRejoinMaxBackoff.
+	RejoinInterval   time.Duration
+	RejoinMaxBackoff time.Duration
+	// ReconnectTimeout is how long Heal keeps contacting a known peer not
+	// seen since. Default DefaultReconnectTimeout.
+	ReconnectTimeout time.Duration
+	// ConfirmTimeout bounds one QUIC confirmation of a peer that gossip
+	// says is gone (see SetConfirmer); ConfirmInterval is how often a peer
+	// that answered is asked again while gossip still says it is gone.
+	// Defaults DefaultConfirmTimeout and DefaultConfirmInterval.
+	ConfirmTimeout  time.Duration
+	ConfirmInterval time.Duration
+	// WrapTransport, when set, wraps memberlist's UDP/TCP transport (bound
+	// on BindAddr as usual): fault injection in tests (partitions). Nil:
+	// memberlist's own transport, unwrapped.
+	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 
 	// Sink receives verified adverts and supplies ours. Nil: adverts are
 	// verified and relayed but not delivered, and none are sent.
@@ -144,6 +164,11 @@ func DefaultConfig() Config {
 		TCPTimeout:       10 * time.Second,
 		JoinBackoff:      DefaultJoinBackoff,
 		JoinMaxBackoff:   DefaultJoinMaxBackoff,
+		RejoinInterval:   DefaultRejoinInterval,
+		RejoinMaxBackoff: DefaultRejoinMaxBackoff,
+		ReconnectTimeout: DefaultReconnectTimeout,
+		ConfirmTimeout:   DefaultConfirmTimeout,
+		ConfirmInterval:  DefaultConfirmInterval,
 	}
 }
 
@@ -161,6 +186,11 @@ func (c Config) withDefaults() (Config, error) {
 	c.TCPTimeout = cmp.Or(c.TCPTimeout, d.TCPTimeout)
 	c.JoinBackoff = cmp.Or(c.JoinBackoff, d.JoinBackoff)
 	c.JoinMaxBackoff = cmp.Or(c.JoinMaxBackoff, d.JoinMaxBackoff)
+	c.RejoinInterval = cmp.Or(c.RejoinInterval, d.RejoinInterval)
+	c.RejoinMaxBackoff = cmp.Or(c.RejoinMaxBackoff, d.RejoinMaxBackoff)
+	c.ReconnectTimeout = cmp.Or(c.ReconnectTimeout, d.ReconnectTimeout)
+	c.ConfirmTimeout = cmp.Or(c.ConfirmTimeout, d.ConfirmTimeout)
+	c.ConfirmInterval = cmp.Or(c.ConfirmInterval, d.ConfirmInterval)
 	c.SuspicionMult = cmp.Or(c.SuspicionMult, d.SuspicionMult)
 	c.RetransmitMult = cmp.Or(c.RetransmitMult, d.RetransmitMult)
 	if c.Logger == nil {
@@ -205,6 +235,9 @@ func (c Config) withDefaults() (Config, error) {
 		namedDuration{"ProbeInterval", c.ProbeInterval}, namedDuration{"ProbeTimeout", c.ProbeTimeout},
 		namedDuration{"PushPullInterval", c.PushPullInterval}, namedDuration{"TCPTimeout", c.TCPTimeout},
 		namedDuration{"JoinBackoff", c.JoinBackoff}, namedDuration{"JoinMaxBackoff", c.JoinMaxBackoff},
+		namedDuration{"RejoinInterval", c.RejoinInterval}, namedDuration{"RejoinMaxBackoff", c.RejoinMaxBackoff},
+		namedDuration{"ReconnectTimeout", c.ReconnectTimeout},
+		namedDuration{"ConfirmTimeout", c.ConfirmTimeout}, namedDuration{"ConfirmInterval", c.ConfirmInterval},
 	); err != nil {
 		return c, err
 	}

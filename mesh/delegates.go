@@ -77,35 +77,24 @@ func (e *events) NotifyJoin(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
 // NotifyUpdate records a peer's new meta.
 func (e *events) NotifyUpdate(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
 
-// NotifyLeave forgets a peer that left or was declared dead, and everything
-// it advertised, at once.
+// NotifyLeave hears gossip say a peer left or was declared dead. Gossip is
+// not proof (any gossip key holder can say it): with a Confirmer the peer
+// is asked over QUIC first, and forgotten, with everything it advertised,
+// only when it does not answer (see peerGone).
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	m := (*Mesh)(e)
 	if n.Name == m.name {
 		return
 	}
-	m.advMu.Lock()
-	defer m.advMu.Unlock()
-	m.mu.Lock()
-	p, had := m.peers[n.Name]
-	if had {
-		m.departed[n.Name] = p
-	}
-	delete(m.peers, n.Name)
-	delete(m.removed, n.Name)
-	m.members.Store(int64(len(m.peers) + 1))
-	m.mu.Unlock()
-	if !had {
+	m.mu.RLock()
+	p := m.peers[n.Name]
+	m.mu.RUnlock()
+	if p == nil {
 		return
-	}
-	m.forgetOriginLocked(n.Name)
-	if m.sink != nil {
-		m.sink.RemoveNode(n.Name)
 	}
 	// memberlist hands over the node as it was before the change, so its
 	// State does not tell a leave from a death here.
-	m.log.Info("peer gone (left or declared dead)", zap.String("peer", n.Name))
-	m.auditMembership(AuditPeerGone, n.Name, nil)
+	m.peerGone(p)
 }
 
 // Audit kinds of membership changes.

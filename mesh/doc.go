@@ -18,6 +18,27 @@
 // admitted, belongs to another cluster, or claims a name or key a live node
 // already has. Join retries with backoff; ErrJoinRefused is permanent.
 //
+// # Healing
+//
+// memberlist gossips and push/pulls only with members it believes alive,
+// so two sides that declared each other dead, or a restarted node given no
+// join address, stay apart. Heal keeps the mesh whole, like Consul's
+// retry_join and serf's reconnect: it contacts every configured join
+// address and every peer seen (a PeerBook keeps them across restarts)
+// that is not a live member, each on its own doubling backoff
+// (RejoinInterval to RejoinMaxBackoff), and forgets a peer not seen for
+// ReconnectTimeout. JoinNow contacts addresses at once and keeps them.
+//
+// # Confirmed deaths
+//
+// Any holder of the gossip key can tell memberlist that a peer is dead.
+// With a Confirmer (SetConfirmer: the Transport), gossip saying a peer left
+// or died is checked over QUIC, where the peer's key is pinned, before its
+// adverts are forgotten: a peer that answers and is not leaving (Leave makes
+// the probe say so) keeps them, the false death is audited
+// (AuditPeerDeathRefuted) and counted (false_death), and the peer is asked
+// again every ConfirmInterval while gossip keeps calling it gone.
+//
 // # Admission
 //
 // A node is admitted when the trust configuration (TrustConfig) vouches for

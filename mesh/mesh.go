@@ -52,6 +52,10 @@ type Mesh struct {
 	// ingest, withdrawals, leave and revocation. Lock order: advMu, then mu.
 	advMu   sync.Mutex
 	adverts map[advertKey]*advertRecord
+	origins map[string]*originState // by origin key bytes: sequence and advert set high-water marks
+
+	seqDirty    atomic.Bool // origins changed since saved
+	seqReserved uint64      // our sequence floor as saved; Heal's goroutine only
 
 	// mu guards trust and the peer table.
 	mu    sync.RWMutex
@@ -72,6 +76,15 @@ type Mesh struct {
 	joinRefusal atomic.Pointer[error]
 
 	keyringMu sync.Mutex // serializes keyring changes and their file writes
+
+	heal healer // Heal's rejoin targets
+
+	confirmer atomic.Pointer[Confirmer] // confirms gossip deaths over QUIC; nil: gossip decides
+	leaving   atomic.Bool               // Leave was called
+
+	// spawnMu orders spawn's wg.Add before Close's wg.Wait.
+	spawnMu     sync.Mutex
+	spawnClosed bool
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -114,6 +127,8 @@ func New(cfg Config) (*Mesh, error) {
 		departed: map[string]*peer{},
 		removed:  map[string]bool{},
 	}
+	m.heal.targets = map[string]*rejoinTarget{}
+	m.origins = map[string]*originState{}
 	if created {
 		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeKey(m.pub)))
 	}
@@ -199,6 +214,13 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Merge = (*mergeDelegate)(m)
 	mc.Conflict = (*conflictDelegate)(m)
 	mc.Logger = log.New(zapWriter{m.log.Named("memberlist")}, "", 0)
+	if c.WrapTransport != nil {
+		nt, err := newNetTransport(mc)
+		if err != nil {
+			return nil, err
+		}
+		mc.Transport = c.WrapTransport(nt)
+	}
 	return mc, nil
 }
 
@@ -264,6 +286,7 @@ func (m *Mesh) JoinAddrs(ctx context.Context, addrs []string) (int, error) {
 // Leave tells the other members we are leaving (they forget our adverts at
 // once) and waits up to timeout for the message to spread. Call Close after.
 func (m *Mesh) Leave(timeout time.Duration) error {
+	m.leaving.Store(true)
 	if err := m.ml.Leave(timeout); err != nil {
 		return fmt.Errorf("leave: %w", err)
 	}
@@ -274,6 +297,9 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 // (peers will declare us dead). It is idempotent.
 func (m *Mesh) Close() error {
 	m.closeOnce.Do(func() {
+		m.spawnMu.Lock()
+		m.spawnClosed = true
+		m.spawnMu.Unlock()
 		m.cancel()
 		if err := m.ml.Shutdown(); err != nil {
 			m.closeErr = fmt.Errorf("memberlist shutdown: %w", err)

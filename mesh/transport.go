@@ -414,6 +414,12 @@ func (t *Transport) connContext(ctx context.Context, c *quic.Conn) context.Conte
 	return context.WithValue(ctx, peerCtxKey{}, v)
 }
 
+// RefusedHeader marks an answer as this agent's own refusal of the peer
+// (not its instance's answer), with the reason as its value: the consumer
+// then tries its next candidate. The proxy's peer handler uses the same
+// header (proxy.RefusedHeader) for roles not served to the peer.
+const RefusedHeader = "Infermesh-Refused"
+
 // PeerFromRequest returns the node a request's connection was verified as,
 // for requests served by a Transport. It is the only peer identity to trust:
 // headers and the request's host say nothing about who sent it.
@@ -431,12 +437,18 @@ func PeerFromRequest(r *http.Request) (string, bool) {
 func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 	v, ok := r.Context().Value(peerCtxKey{}).(*verified)
 	if !ok {
+		w.Header().Set(RefusedHeader, "unknown_peer")
 		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "peer identity unknown")
 		return
 	}
 	if !t.stillValid(v.node, v.key) {
 		t.refused(&refusalError{why: RefusedNotAdmitted, node: v.node, msg: "no longer admitted"}, "")
+		w.Header().Set(RefusedHeader, "not_admitted")
 		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "this node does not admit you")
+		return
+	}
+	if r.URL.Path == probePath {
+		t.serveProbe(w)
 		return
 	}
 	if t.cfg.Handler == nil {

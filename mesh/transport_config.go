@@ -96,6 +96,10 @@ type TransportConfig struct {
 	// "addr:<ip:port>" when none was. Called at most once per (peer, why)
 	// every 10s; Refusals counts every one. Must not block.
 	OnRefused func(peer, why string)
+	// Leaving reports whether this node is leaving the mesh: the liveness
+	// probe (Transport.ConfirmAlive, from peers) then answers so, and peers
+	// forget this node at once. Nil: never leaving. Usually Mesh.Leaving.
+	Leaving func() bool
 }
 
 // DefaultTransportConfig returns the defaults (without identity, address or

@@ -75,8 +75,17 @@ var (
 	// ErrNotOwned is returned when a container at an address we derived
 	// does not carry our ownership labels; it is never touched.
 	ErrNotOwned = errors.New("container not owned by this agent")
-	// ErrMountSource is returned when a bind-mount source does not exist.
-	ErrMountSource = errors.New("bind-mount source does not exist")
+	// ErrConfig marks a failure that retrying cannot fix: the spec names
+	// something this host does not have (a bind-mount source, an image
+	// that cannot be pulled, a native command). The Manager gives the
+	// instance up at once (StateFailed) instead of retrying.
+	ErrConfig = errors.New("configuration error")
+	// ErrMountSource is returned when a bind-mount source does not exist;
+	// it is an ErrConfig.
+	ErrMountSource = fmt.Errorf("%w: bind-mount source does not exist", ErrConfig)
+	// ErrImageNotFound is returned when the image is neither on the host
+	// nor pullable; it is an ErrConfig.
+	ErrImageNotFound = fmt.Errorf("%w: image not found", ErrConfig)
 	// ErrUnknownHandle is returned for a handle the provider did not create,
 	// adopt or prepare (or already stopped).
 	ErrUnknownHandle = errors.New("unknown instance handle")
@@ -292,6 +301,8 @@ func (p *DockerProvider) buildConfig(spec ProvisionSpec) (*container.Config, *co
 			hc.PortBindings[cp] = []nat.PortBinding{{HostIP: "127.0.0.1", HostPort: ""}}
 		}
 	}
+	// Validate has checked the resources: apply cannot fail here.
+	_ = spec.Resources.apply(hc)
 	for _, m := range spec.Mounts {
 		hc.Mounts = append(hc.Mounts, mount.Mount{
 			Type:     mount.TypeBind,
@@ -340,6 +351,11 @@ func (p *DockerProvider) CreateInstance(ctx context.Context, spec ProvisionSpec,
 			}
 			p.register(ref, spec, sink, resp.ID)
 			return InstanceHandle{InstanceID: spec.InstanceID, RunID: spec.RunID, Ref: ref, ResourceID: resp.ID}, nil
+		}
+		if cerrdefs.IsNotFound(err) {
+			// EnsureImage pulls before create; an image still missing
+			// (removed meanwhile, or no puller) is the operator's to fix.
+			return InstanceHandle{}, imageNotFound(spec.Image, err)
 		}
 		if !cerrdefs.IsConflict(err) || try > 0 {
 			return InstanceHandle{}, wrap("create container", ref, err)

@@ -295,6 +295,16 @@ func (in *instance) ensureRunning(ctx context.Context) (InstanceHandle, bool) {
 		if ctx.Err() != nil {
 			return InstanceHandle{}, false
 		}
+		if errors.Is(err, ErrConfig) {
+			// Retrying cannot fix it: given up at once, until the operator
+			// fixes the host or the config (instances retry, reload).
+			msg := "gave up: " + err.Error()
+			in.setState(StateFailed, msg)
+			in.emit(EventProvisionFailed, msg)
+			in.m.log.Error("instance cannot be provisioned", zap.String("role", in.role), zap.Error(err))
+			<-ctx.Done()
+			return InstanceHandle{}, false
+		}
 		in.setState(StateError, err.Error())
 		if !reported {
 			in.emit(EventProvisionFailed, err.Error())
@@ -324,6 +334,16 @@ func (in *instance) tryEnsure(ctx context.Context) (InstanceHandle, bool, error)
 	}
 	if ok {
 		return a.Handle, true, nil
+	}
+	if ie, ok := p.(ImageEnsurer); ok {
+		// Its own timeout: a large image takes longer than any operation.
+		in.setState(StatePulling, "")
+		pctx, pcancel := context.WithTimeout(ctx, in.m.cfg.PullTimeout)
+		err := ie.EnsureImage(pctx, in.intent, in)
+		pcancel()
+		if err != nil {
+			return InstanceHandle{}, false, err
+		}
 	}
 	var h InstanceHandle
 	if a, ok, err = p.PrepareBySpec(octx, in.intent, in); err != nil {
@@ -371,6 +391,7 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 	var (
 		endpoint   string
 		registered bool
+		answered   bool // ever, in this run: the start-up limit no longer applies
 		fails      int
 		silentFrom = time.Now() // since when it has not answered
 	)
@@ -403,7 +424,7 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 		}
 		if endpoint != "" {
 			if in.probeOnce(ctx, endpoint) {
-				fails, silentFrom = 0, time.Time{}
+				fails, silentFrom, answered = 0, time.Time{}, true
 				if !registered {
 					err := reg.RegisterLocal(in.role, placement.Local{
 						Base: "http://" + endpoint, Model: in.spec.Model, API: "openai", Runtime: in.spec.Runtime,
@@ -432,8 +453,12 @@ func (in *instance) serve(ctx context.Context, h InstanceHandle) string {
 				}
 			}
 		}
-		if !registered && !silentFrom.IsZero() && time.Since(silentFrom) > cfg.ReadyTimeout {
-			return fmt.Sprintf("no answer on %s for %v", in.spec.Health, cfg.ReadyTimeout)
+		limit := cfg.ReadyTimeout
+		if !answered && in.spec.StartTimeout > 0 {
+			limit = in.spec.StartTimeout
+		}
+		if !registered && !silentFrom.IsZero() && time.Since(silentFrom) > limit {
+			return fmt.Sprintf("no answer on %s for %v", in.spec.Health, limit)
 		}
 		select {
 		case <-ctx.Done():

@@ -114,6 +114,13 @@ type InstanceSpec struct {
 	// reported in placement. Default DefaultRuntime.
 	Runtime string
 	Restart RestartPolicy
+	// Resources are a container's GPUs, /dev/shm and limits (docker).
+	Resources *Resources
+	// StartTimeout is how long a started instance may take to answer its
+	// first health probe before it is restarted (a large model can take
+	// minutes to load). Zero means the Manager's ReadyTimeout. It does not
+	// alter the container: changing it re-supervises, never replaces.
+	StartTimeout time.Duration
 }
 
 // validate checks what the Manager adds to a provider spec (the health
@@ -122,6 +129,9 @@ type InstanceSpec struct {
 func (s InstanceSpec) validate() error {
 	if s.Health != "" && !strings.HasPrefix(s.Health, "/") {
 		return fmt.Errorf("health %q does not start with /", s.Health)
+	}
+	if s.StartTimeout < 0 {
+		return fmt.Errorf("start timeout %v is negative", s.StartTimeout)
 	}
 	return s.provisionSpec("", 1).Validate()
 }
@@ -152,6 +162,10 @@ func (s InstanceSpec) provisionSpec(role string, attempt uint64) ProvisionSpec {
 		Ports:      []int{s.Port},
 		Command:    s.Command,
 	}
+	if s.Resources != nil {
+		r := *s.Resources
+		ps.Resources = &r
+	}
 	if s.Runtime != "" && s.Runtime != RuntimeDocker {
 		ps.Runtime = s.Runtime // Docker is "" in a ProvisionSpec
 	}
@@ -164,6 +178,7 @@ type InstanceState string
 // Instance states.
 const (
 	StatePending    InstanceState = "pending"    // desired, not yet started
+	StatePulling    InstanceState = "pulling"    // fetching the image (docker)
 	StateStarting   InstanceState = "starting"   // container up, waiting for its health probe
 	StateReady      InstanceState = "ready"      // answering, registered in placement
 	StateUnhealthy  InstanceState = "unhealthy"  // running but not answering; deregistered
@@ -212,8 +227,9 @@ type ManagerConfig struct {
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds one probe. Default 2s.
 	ProbeTimeout time.Duration
-	// ReadyTimeout is how long a started instance may take to answer, and
-	// how long a ready one may stay silent, before it is restarted. Default 2m.
+	// ReadyTimeout is how long a started instance may take to answer
+	// (unless its spec's StartTimeout says otherwise), and how long a ready
+	// one may stay silent, before it is restarted. Default 2m.
 	ReadyTimeout time.Duration
 	// UnhealthyAfter consecutive failed probes deregister a ready instance.
 	// Default 3.
@@ -224,6 +240,8 @@ type ManagerConfig struct {
 	MaxRetryBackoff time.Duration
 	// OpTimeout bounds one provider operation. Default 2m.
 	OpTimeout time.Duration
+	// PullTimeout bounds fetching an instance's image. Default 1h.
+	PullTimeout time.Duration
 	// LogLines is the per-instance recent-log buffer. Default 500.
 	LogLines int
 }
@@ -238,6 +256,7 @@ func DefaultManagerConfig() ManagerConfig {
 		RetryBackoff:    time.Second,
 		MaxRetryBackoff: 30 * time.Second,
 		OpTimeout:       2 * time.Minute,
+		PullTimeout:     time.Hour,
 		LogLines:        500,
 	}
 }
@@ -270,6 +289,7 @@ func (c *ManagerConfig) fill() error {
 	defaults.Positive(&c.RetryBackoff, d.RetryBackoff)
 	defaults.Positive(&c.MaxRetryBackoff, d.MaxRetryBackoff)
 	defaults.Positive(&c.OpTimeout, d.OpTimeout)
+	defaults.Positive(&c.PullTimeout, d.PullTimeout)
 	defaults.Positive(&c.UnhealthyAfter, d.UnhealthyAfter)
 	defaults.Positive(&c.LogLines, d.LogLines)
 	return nil
@@ -549,11 +569,10 @@ var (
 // its policy.
 func (m *Manager) Retry(role string) error {
 	m.mu.Lock()
-	in := m.instances[role]
-	_, desired := m.desired[role]
-	if in == nil || !desired || in.removing {
+	in, err := m.supervisedLocked(role)
+	if err != nil {
 		m.mu.Unlock()
-		return fmt.Errorf("role %q: %w", role, ErrNoInstance)
+		return err
 	}
 	if st := in.status().State; st != StateFailed {
 		m.mu.Unlock()
@@ -565,6 +584,17 @@ func (m *Manager) Retry(role string) error {
 	m.log.Info("retrying failed instance", zap.String("role", role))
 	m.poke()
 	return nil
+}
+
+// supervisedLocked returns role's instance when the role is desired and
+// not being removed, else ErrNoInstance. m.mu is held.
+func (m *Manager) supervisedLocked(role string) (*instance, error) {
+	in := m.instances[role]
+	_, desired := m.desired[role]
+	if in == nil || !desired || in.removing {
+		return nil, fmt.Errorf("role %q: %w", role, ErrNoInstance)
+	}
+	return in, nil
 }
 
 // Instance returns one role's status.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -94,7 +95,11 @@ func startManager(t *testing.T, dbPath string, providers map[string]InstanceProv
 
 // stop ends the manager (instances keep running), closes the providers
 // and the store. Idempotent.
-func (r *mgrRun) stop() {
+func (r *mgrRun) stop() { r.stopThen(nil) }
+
+// stopThen ends the manager, runs then (the manager's Run has returned,
+// its providers and store are still open), then closes them. Idempotent.
+func (r *mgrRun) stopThen(then func()) {
 	if r.cancel == nil {
 		return
 	}
@@ -107,6 +112,9 @@ func (r *mgrRun) stop() {
 		}
 	case <-time.After(30 * time.Second):
 		r.t.Errorf("Run did not return after cancel")
+	}
+	if then != nil {
+		then()
 	}
 	r.closeP()
 	r.db.Close()
@@ -707,4 +715,50 @@ func previousReleaseIntent(t *testing.T, spec ProvisionSpec) []byte {
 		t.Fatalf("no instance_id in %s", b)
 	}
 	return []byte(old)
+}
+
+// TestManagerGivesUpAtOnceOnConfigErrors: an image that is neither on the
+// host nor pullable (no registry answers here) and a missing bind-mount
+// source cannot be fixed by retrying: the instance is failed at once, with
+// one error saying what to do, and no restart is spent. An image present
+// on the host is used without a pull.
+func TestManagerGivesUpAtOnceOnConfigErrors(t *testing.T) {
+	t.Parallel()
+	e := newMgrEnv(t, engineSite(t), "", nil)
+	missing := "infermesh-ux-test-missing:none"
+	noImage := instanceSpec("m-a")
+	noImage.Image = missing
+	noMount := instanceSpec("m-b")
+	noMount.Mounts = []Mount{{HostPath: filepath.Join(t.TempDir(), "no-such-model.gguf"), ContainerPath: "/models/m.gguf", ReadOnly: true}}
+	e.apply(map[string]InstanceSpec{"a": noImage, "b": noMount, "c": instanceSpec("m-c")})
+
+	failed := func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed }
+	st := e.waitInstance("a", "failed", failed)
+	if want := "docker pull " + missing; !strings.Contains(st.LastError, want) || !strings.Contains(st.LastError, "image not found") || st.Restarts != 0 {
+		t.Errorf("a = %+v; want failed at once, the error saying %q", st, want)
+	}
+	if !strings.Contains(logsText(e.m.Logs("a", 0)), "is not on this host: pulling it") {
+		t.Errorf("a's logs = %q, want the pull attempt", logsText(e.m.Logs("a", 0)))
+	}
+	st = e.waitInstance("b", "failed", failed)
+	if !strings.Contains(st.LastError, "bind-mount source does not exist") || !strings.Contains(st.LastError, "no-such-model.gguf") || st.Restarts != 0 {
+		t.Errorf("b = %+v; want failed at once naming the missing mount source", st)
+	}
+	for _, role := range []string{"a", "b"} {
+		if !e.hasEvent(EventProvisionFailed, "gave up") {
+			t.Errorf("no provision_failed event for %s", role)
+		}
+	}
+	e.waitReady("c", nil)
+	if strings.Contains(logsText(e.m.Logs("c", 0)), "pulling") {
+		t.Errorf("c's image is on the host, yet it was pulled: %q", logsText(e.m.Logs("c", 0)))
+	}
+	// Fixed on the host, the operator retries: it serves.
+	if err := os.WriteFile(noMount.Mounts[0].HostPath, []byte("weights"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Retry("b"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReady("b", nil)
 }

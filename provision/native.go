@@ -202,10 +202,10 @@ func (p *NativeProvider) checkSpec(spec ProvisionSpec) error {
 	}
 	fi, err := os.Stat(spec.Command)
 	if err != nil {
-		return fmt.Errorf("command: %w", err)
+		return fmt.Errorf("%w: command: %w", ErrConfig, err)
 	}
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("command %s is not an executable file", spec.Command)
+		return fmt.Errorf("%w: command %s is not an executable file", ErrConfig, spec.Command)
 	}
 	return nil
 }

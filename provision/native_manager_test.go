@@ -139,3 +139,82 @@ func TestManagerNativeRoleRemoved(t *testing.T) {
 		t.Errorf("intents left: %v", in)
 	}
 }
+
+// TestManagerStartTimeoutPerInstance: an instance that never answers its
+// health path is restarted after its own start-up timeout, not the
+// manager's ReadyTimeout (20s here).
+func TestManagerStartTimeoutPerInstance(t *testing.T) {
+	e := newNativeEnv(t)
+	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
+	spec := nativeInstanceSpec(t, testnet.TCPPort(t, "127.0.0.1"))
+	spec.Health = "/no-such-path" // the demo answers 404: never ready
+	spec.StartTimeout = time.Second
+	nm.apply(map[string]InstanceSpec{"chat": spec})
+	st := nm.waitInstance("chat", "restarted for its start-up timeout", func(s InstanceStatus, ok bool) bool {
+		return ok && s.Restarts >= 1
+	})
+	if !nm.hasEvent(EventInstanceStopped, "no answer on /no-such-path for 1s") && !strings.Contains(st.LastError, "for 1s") {
+		t.Errorf("instance = %+v; want it restarted for no answer within its 1s start-up timeout", st)
+	}
+	if err := nm.m.Apply(context.Background(), map[string]InstanceSpec{"chat": {Runtime: RuntimeNative, Command: spec.Command, Port: spec.Port, StartTimeout: -time.Second}}); err == nil {
+		t.Error("Apply took a negative start timeout")
+	}
+}
+
+// TestManagerStopAndHalt: the operator's Stop stops the instance and keeps
+// it stopped (a reconcile does not bring it back) until Retry; Halt after
+// the manager ended stops what is left, as an agent configured to stop its
+// instances with it does at shutdown.
+func TestManagerStopAndHalt(t *testing.T) {
+	e := newNativeEnv(t)
+	nm := newNativeMgr(t, e, filepath.Join(t.TempDir(), "state.db"))
+	port := testnet.TCPPort(t, "127.0.0.1")
+	spec := nativeInstanceSpec(t, port)
+	nm.apply(map[string]InstanceSpec{"chat": spec})
+	st := nm.waitInstance("chat", "ready", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady })
+	pid := st.PID
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := nm.m.Stop(ctx, "chat"); err != nil {
+		t.Fatal(err)
+	}
+	if testproc.Alive(pid) {
+		t.Errorf("process %d runs after Stop", pid)
+	}
+	st, _ = nm.m.Instance("chat")
+	if st.State != StateFailed || st.LastError != StoppedByOperator {
+		t.Errorf("after Stop = %+v, want failed, stopped by the operator", st)
+	}
+	if _, ok := nm.table.LocalBaseForRole("chat"); ok {
+		t.Error("a stopped instance is still in placement")
+	}
+	// The same desired set again: it stays stopped.
+	nm.apply(map[string]InstanceSpec{"chat": spec})
+	if st, _ = nm.m.Instance("chat"); st.State != StateFailed {
+		t.Errorf("after a reconcile = %+v, want it still stopped", st)
+	}
+	if err := nm.m.Stop(ctx, "nope"); err == nil {
+		t.Error("Stop of a role without an instance succeeded")
+	}
+
+	if err := nm.m.Retry("chat"); err != nil {
+		t.Fatal(err)
+	}
+	st = nm.waitInstance("chat", "ready again", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateReady && s.PID != pid })
+	again := st.PID
+	nm.stopThen(func() {
+		if !testproc.Alive(again) {
+			t.Fatalf("process %d did not outlive its manager", again)
+		}
+		if err := nm.m.Halt(ctx, "chat"); err != nil {
+			t.Fatal(err)
+		}
+		if testproc.Alive(again) {
+			t.Errorf("process %d runs after Halt", again)
+		}
+		if intents, err := nm.intents.Intents(); err != nil || len(intents) != 0 {
+			t.Errorf("intents after Halt = %v, %v; want none", intents, err)
+		}
+	})
+}

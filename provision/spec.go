@@ -46,6 +46,23 @@ type ProvisionSpec struct {
 	// Command is a native instance's executable (absolute path); Image is
 	// then empty.
 	Command string `json:"command,omitempty"`
+	// Resources are a container's devices and limits; nil is none (Docker
+	// only).
+	Resources *Resources `json:"resources,omitempty"`
+}
+
+// Resources are what a container may use beyond the defaults: GPUs, the
+// size of /dev/shm (inference servers share tensors through it) and limits.
+type Resources struct {
+	// GPUs: "" none, "all", a count ("2"), or device ids or UUIDs
+	// ("0,1", "GPU-3a..."), as docker run --gpus takes them.
+	GPUs string `json:"gpus,omitempty"`
+	// ShmSize is /dev/shm in bytes; 0 is the engine's default (64 MiB).
+	ShmSize int64 `json:"shm_size,omitempty"`
+	// Memory is the memory limit in bytes; 0 is none.
+	Memory int64 `json:"memory,omitempty"`
+	// NanoCPUs is the CPU limit in billionths of a CPU; 0 is none.
+	NanoCPUs int64 `json:"nano_cpus,omitempty"`
 }
 
 // Runtimes of instances. A ProvisionSpec names Docker by "" (see
@@ -145,8 +162,8 @@ func (s ProvisionSpec) Validate() error {
 		if !path.IsAbs(s.Command) {
 			return fmt.Errorf("spec: command %q is not an absolute path", s.Command)
 		}
-		if s.Image != "" || len(s.Mounts) > 0 {
-			return errors.New("spec: a native instance has no image and no mounts")
+		if s.Image != "" || len(s.Mounts) > 0 || s.Resources != nil {
+			return errors.New("spec: a native instance has no image, mounts or container resources")
 		}
 		if len(s.Ports) != 1 {
 			return fmt.Errorf("spec: a native instance listens on one port, not %d", len(s.Ports))
@@ -177,6 +194,14 @@ func (s ProvisionSpec) Validate() error {
 			return fmt.Errorf("spec: ports[%d]: %d out of range", i, p)
 		}
 	}
+	if r := s.Resources; r != nil {
+		if _, err := r.deviceRequests(); err != nil {
+			return fmt.Errorf("spec: resources: %w", err)
+		}
+		if r.ShmSize < 0 || r.Memory < 0 || r.NanoCPUs < 0 {
+			return errors.New("spec: resources: a negative size or limit")
+		}
+	}
 	return nil
 }
 
@@ -198,7 +223,9 @@ func (s ProvisionSpec) Hash() string {
 		Ports   []int    `json:"ports"`
 		Runtime string   `json:"runtime,omitempty"`
 		Command string   `json:"command,omitempty"`
-	}{s.Role, s.Image, s.Env, s.Args, s.Mounts, s.Ports, s.Runtime, s.Command}
+		// omitempty: specs without resources hash as before they existed.
+		Resources *Resources `json:"resources,omitempty"`
+	}{s.Role, s.Image, s.Env, s.Args, s.Mounts, s.Ports, s.Runtime, s.Command, s.Resources}
 	b, err := json.Marshal(content)
 	if err != nil {
 		// Only strings, ints and bools: cannot fail.
@@ -214,6 +241,10 @@ func (s ProvisionSpec) Clone() ProvisionSpec {
 	c.Env = append([]EnvVar(nil), s.Env...)
 	c.Args = append([]string(nil), s.Args...)
 	c.Mounts = append([]Mount(nil), s.Mounts...)
+	if s.Resources != nil {
+		r := *s.Resources
+		c.Resources = &r
+	}
 	c.Ports = append([]int(nil), s.Ports...)
 	return c
 }

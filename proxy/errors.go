@@ -16,6 +16,9 @@ type APIError struct {
 	Code    string
 	Param   string
 	Message string
+	// RetryAfter, when positive, is sent as Retry-After (seconds): the
+	// condition is expected to pass (an instance starting).
+	RetryAfter int
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -65,9 +68,18 @@ func errForbidden(msg string) *APIError {
 	return &APIError{Status: http.StatusForbidden, Type: typePermission, Code: "forbidden", Message: msg}
 }
 
+// noInstanceRetryAfter is the Retry-After of a 503 for a role without an
+// instance now: instances restart with seconds of backoff.
+const noInstanceRetryAfter = 5
+
 func errNoInstance(role string) *APIError {
 	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
-		Message: "no instance serves role " + strconv.Quote(role) + " right now"}
+		Message: "no instance serves role " + strconv.Quote(role) + " right now", RetryAfter: noInstanceRetryAfter}
+}
+
+func errPeerRefused(peer, role, why string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "no_instance",
+		Message: "no instance serves role " + role + " to this node: " + peer + " refused (" + why + ")"}
 }
 
 func errUpstream(msg string) *APIError {
@@ -102,6 +114,9 @@ func WriteError(w http.ResponseWriter, e *APIError) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("X-Content-Type-Options", "nosniff")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(body)
 }

@@ -60,7 +60,7 @@ func forwardable(k string, connNamed []string, skipAuth bool) bool {
 		return false
 	}
 	switch k {
-	case "Content-Length", "Host", RoleHeader:
+	case "Content-Length", "Host", RoleHeader, RefusedHeader:
 		return false
 	}
 	return true
@@ -122,6 +122,12 @@ func appendRequestHead(dst []byte, r *http.Request, host, path string, n int) []
 	return append(dst, "\r\n\r\n"...)
 }
 
+// replayable reports whether the client marked its request safe to send
+// twice, as http.Transport reads it.
+func replayable(h http.Header) bool {
+	return len(h["Idempotency-Key"]) > 0 || len(h["X-Idempotency-Key"]) > 0
+}
+
 // attemptError says why one candidate could not serve a request before any
 // byte of its response reached the client, so the next may be tried.
 type attemptError struct {
@@ -155,6 +161,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 		t0 := time.Now()
 		switch c.Kind {
 		case placement.KindLocal:
+			// Counted until forward returns: the response, streamed or
+			// not, is relayed before that.
+			defer p.busy.add(role)()
 			resp, err = p.roundTripLocal(r, body, c)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
@@ -180,6 +189,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role string, buf
 			}
 			last = &attemptError{target: target, api: classify(err, target)}
 			p.log.Debug("forward attempt failed", zap.String("role", role), zap.String("target", target), zap.Error(err))
+			continue
+		}
+		if why := resp.Header.Get(RefusedHeader); why != "" && c.Kind == placement.KindRemote {
+			// The peer agent itself refused (policy, admission): it will not
+			// serve this role to us, so another candidate may.
+			_ = resp.Body.Close()
+			last = &attemptError{target: target, api: errPeerRefused(target, role, why)}
 			continue
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable && more {
@@ -288,7 +304,7 @@ func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candida
 	defer req.release()
 	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b))
 	req.b = append(req.b, out.b...)
-	return p.up.roundTrip(r.Context(), in.dial, req.b)
+	return p.up.roundTrip(r.Context(), in.dial, req.b, replayable(r.Header))
 }
 
 func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c placement.Candidate) (*http.Response, error) {
@@ -304,11 +320,9 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, remote bool) *http.Request {
 	h := make(http.Header, len(r.Header)+2)
 	copyHeaders(h, r.Header, remote)
+	// Not marked replayable: http.Transport sends it again only when none
+	// of it was written, or when the client's own Idempotency-Key says so.
 	h["Content-Type"] = []string{"application/json"}
-	// Marks the request replayable for the transport: a request that never
-	// reached the instance (a keep-alive connection it had closed) is resent.
-	// A nil value is not sent on the wire.
-	h["X-Idempotency-Key"] = nil
 	data := out.b
 	req := &http.Request{
 		Method:        http.MethodPost,
@@ -461,15 +475,25 @@ func copyFlush(w io.Writer, rc *http.ResponseController, src io.Reader, flushEac
 // separate buffer (up to maxSSELine) so it is still rewritten whole.
 var sseReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
 
-// maxSSELine bounds the line an SSE relay gathers to rewrite; longer lines
-// pass through untouched.
+// maxSSELine bounds the line an SSE relay gathers to rewrite. A longer
+// line cannot be rewritten within the bound, and passing it through would
+// show the client the instance's own model name: the stream is cut with an
+// error event instead (errSSELineTooLong).
 const maxSSELine = 1 << 20
+
+// errSSELineTooLong ends a relay that met a line over maxSSELine.
+var errSSELineTooLong = errors.New("an event line from the instance is over 1 MiB")
+
+// sseLineTooLongEvent is the error event a cut stream ends with, in the
+// shape OpenAI's SDKs raise as an API error.
+const sseLineTooLongEvent = `data: {"error":{"message":"infermesh: an event line from the instance is over 1 MiB and cannot be relayed; the stream was cut","type":"server_error","param":null,"code":"sse_line_too_long"}}` + "\n\n"
 
 // copySSE relays a server-sent event stream line by line: comments, unknown
 // fields and [DONE] pass through untouched, and when rewrite is set the
-// top-level model of every JSON data line is replaced by asked. Output is
-// flushed whenever the upstream has nothing more buffered, so events go out
-// as they arrive and are never held back.
+// top-level model of every JSON data line is replaced by asked. Each event
+// goes out in one write (a peer's HTTP/3 relay sends one frame per write),
+// flushed at its end or whenever the upstream has nothing more buffered, so
+// events go out as they arrive and are never held back.
 func copySSE(w io.Writer, rc *http.ResponseController, src io.Reader, asked []byte, rewrite bool) (int64, error) {
 	if !rewrite {
 		return copyFlush(w, rc, src, true)
@@ -477,55 +501,73 @@ func copySSE(w io.Writer, rc *http.ResponseController, src io.Reader, asked []by
 	br := sseReaderPool.Get().(*bufio.Reader)
 	br.Reset(src)
 	defer func() { br.Reset(nil); sseReaderPool.Put(br) }()
+	bp := streamBufPool.Get().(*[]byte)
+	out := (*bp)[:0]
+	defer func() {
+		if cap(out) <= 64<<10 {
+			*bp = out[:0]
+		}
+		streamBufPool.Put(bp)
+	}()
 	var n int64
+	send := func() error {
+		if len(out) > 0 {
+			k, werr := w.Write(out)
+			n += int64(k)
+			out = out[:0]
+			if werr != nil {
+				return errClientGone
+			}
+		}
+		if err := rc.Flush(); err != nil {
+			return errClientGone
+		}
+		return nil
+	}
 	var long []byte
 	for {
 		line, rerr := br.ReadSlice('\n')
 		if rerr == bufio.ErrBufferFull {
 			// A line longer than the reader's buffer: gather it.
 			long = append(long[:0], line...)
-			for rerr == bufio.ErrBufferFull && len(long) < maxSSELine {
+			for rerr == bufio.ErrBufferFull {
+				if len(long) > maxSSELine {
+					out = append(out[:0], sseLineTooLongEvent...)
+					if err := send(); err != nil {
+						return n, err
+					}
+					return n, errSSELineTooLong
+				}
 				line, rerr = br.ReadSlice('\n')
 				long = append(long, line...)
 			}
 			line = long
 		}
 		if len(line) > 0 {
+			j := 0
 			if rerr == nil && len(line) > 6 && string(line[:5]) == "data:" {
-				j := 5
+				j = 5
 				if line[j] == ' ' {
 					j++
 				}
-				if j < len(line) && line[j] == '{' {
-					rewritten := rewriteModel(line[j:], asked)
-					if len(rewritten) != len(line)-j || &rewritten[0] != &line[j] {
-						// rewriteModel grew the line into a new slice, or
-						// shrank it in place.
-						k, werr := w.Write(line[:j])
-						n += int64(k)
-						if werr != nil {
-							return n, errClientGone
-						}
-						line = rewritten
-					}
-				}
 			}
-			k, werr := w.Write(line)
-			n += int64(k)
-			if werr != nil {
-				return n, errClientGone
+			if j > 0 && j < len(line) && line[j] == '{' {
+				out = append(out, line[:j]...)
+				out = append(out, rewriteModel(line[j:], asked)...)
+			} else {
+				out = append(out, line...)
 			}
-			if br.Buffered() == 0 {
-				if err := rc.Flush(); err != nil {
-					return n, errClientGone
+			if emptyLine(line) || br.Buffered() == 0 {
+				// The end of an event, or nothing more is ready.
+				if err := send(); err != nil {
+					return n, err
 				}
 			}
 		}
 		switch {
-		case rerr == nil, errors.Is(rerr, bufio.ErrBufferFull):
+		case rerr == nil:
 		case rerr == io.EOF:
-			_ = rc.Flush()
-			return n, nil
+			return n, send()
 		default:
 			return n, rerr
 		}

@@ -60,28 +60,79 @@ func (c *h1Conn) readHead() (string, *httpError) {
 		}
 	}()
 	for {
-		line, err := c.br.ReadSlice('\n')
-		for err == bufio.ErrBufferFull {
-			head = append(head, line...)
-			if len(head) > max {
-				return "", &httpError{status: http.StatusRequestHeaderFieldsTooLarge, msg: "request header fields too large"}
-			}
-			line, err = c.br.ReadSlice('\n')
+		// A line longer than the read buffer arrives in fragments; only
+		// the whole line (from start) says whether it is empty: a
+		// fragment holding just "\n" or "\r\n" is the end of a long line.
+		start := len(head)
+		var err error
+		head, err = appendLine(head, c.br, max)
+		if err == errLineTooLong {
+			return "", &httpError{status: http.StatusRequestHeaderFieldsTooLarge, msg: "request header fields too large"}
 		}
 		if err != nil {
 			return "", errClosed // EOF, a reset or the read-header timeout
 		}
-		if len(head) == 0 && (len(line) == 1 || (len(line) == 2 && line[0] == '\r')) {
-			continue // empty lines before a request
-		}
-		head = append(head, line...)
-		if len(head) > max {
-			return "", &httpError{status: http.StatusRequestHeaderFieldsTooLarge, msg: "request header fields too large"}
-		}
-		if len(line) == 1 || (len(line) == 2 && line[0] == '\r') {
+		if emptyLine(head[start:]) {
+			if start == 0 {
+				head = head[:0]
+				continue // empty lines before a request
+			}
 			// Empty lines before the request line were skipped: this one
 			// ends the head.
 			return string(head), nil
+		}
+	}
+}
+
+// errLineTooLong reports a head or trailer section over its size limit.
+var errLineTooLong = errors.New("header section too large")
+
+// appendLine appends the next line of br (through its newline, however
+// many buffer fills it spans) to dst, refusing to let dst grow past max.
+func appendLine(dst []byte, br *bufio.Reader, max int) ([]byte, error) {
+	for {
+		frag, err := br.ReadSlice('\n')
+		dst = append(dst, frag...)
+		if len(dst) > max {
+			return dst, errLineTooLong
+		}
+		if err != bufio.ErrBufferFull {
+			return dst, err
+		}
+	}
+}
+
+// emptyLine reports whether line (a whole line with its newline) is the
+// empty line that ends a header or trailer section.
+func emptyLine(line []byte) bool {
+	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
+}
+
+// readTrailerSection consumes the trailer section after a chunked body's
+// last chunk (httputil's chunked reader stops before it), discarding it,
+// within limit bytes in all: the same bound as the head on that side.
+// Its fields are checked as header fields are.
+func readTrailerSection(br *bufio.Reader, limit int) error {
+	var line []byte
+	total := 0
+	for {
+		var err error
+		line, err = appendLine(line[:0], br, limit-total)
+		total += len(line)
+		switch {
+		case err == errLineTooLong:
+			return errors.New("chunked trailer too large")
+		case err == io.EOF:
+			return io.ErrUnexpectedEOF
+		case err != nil:
+			return err
+		case emptyLine(line):
+			return nil
+		}
+		f := string(bytes.TrimRight(line, "\r\n"))
+		name, value, ok := strings.Cut(f, ":")
+		if !ok || !validToken(name) || !validValue(trimOWS(value)) {
+			return errors.New("malformed chunked trailer field")
 		}
 	}
 }
@@ -118,8 +169,14 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 	line, rest := nextLine(s)
 	method, after, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(after, " ")
-	if !ok1 || !ok2 || !validToken(method) || target == "" || !validTarget(target) {
+	if !ok1 || !ok2 || !validToken(method) {
 		return nil, badRequest("malformed request line")
+	}
+	if target == "" {
+		return nil, badRequest("empty request target")
+	}
+	if !validTarget(target) {
+		return nil, badRequest("control, space or non-ASCII byte in the request target")
 	}
 	var minor int
 	switch {
@@ -175,6 +232,11 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 			}
 			cl = n
 		case "Transfer-Encoding":
+			if minor == 0 {
+				// RFC 9112 6.1: a coding HTTP/1.0 does not know
+				// (net/http ignores it; the body's end is then unclear).
+				return nil, badRequest("Transfer-Encoding in an HTTP/1.0 request")
+			}
 			if haveTE {
 				return nil, &httpError{status: http.StatusNotImplemented, msg: "unsupported transfer encoding"}
 			}
@@ -241,25 +303,25 @@ func (c *h1Conn) parseRequest(s string) (*http.Request, *httpError) {
 	case chunked && minor == 0:
 		return nil, badRequest("Transfer-Encoding in an HTTP/1.0 request")
 	case chunked:
-		b.mode = bodyChunkedIn
+		b.mode = framingChunked
 		b.cr = httputil.NewChunkedReader(c.br)
 		r.ContentLength = -1
 		r.TransferEncoding = chunkedTE
 		r.Body = b
 	case cl > 0:
-		b.mode = bodyLengthIn
+		b.mode = framingLength
 		b.remain = cl
 		r.ContentLength = cl
 		r.Body = b
 	default:
-		b.mode = bodyNone
+		b.mode = framingNone
 		r.Body = http.NoBody
 	}
 	if expect != "" {
 		if !strings.EqualFold(expect, "100-continue") {
 			return nil, &httpError{status: http.StatusExpectationFailed, msg: "unsupported expectation"}
 		}
-		b.expectContinue = minor >= 1 && b.mode != bodyNone
+		b.expectContinue = minor >= 1 && b.mode != framingNone
 	}
 	return r, nil
 }
@@ -473,18 +535,22 @@ func canonicalKey(k string) string {
 	return string(b)
 }
 
-// Request body framings.
+// framing is how a message body is delimited on the wire (RFC 9112
+// section 6), for requests and responses alike.
+type framing uint8
+
 const (
-	bodyNone      = iota
-	bodyLengthIn  // Content-Length bytes
-	bodyChunkedIn // chunked transfer coding
+	framingNone    framing = iota // no body
+	framingLength                 // Content-Length bytes
+	framingChunked                // chunked transfer coding
+	framingClose                  // until the peer closes (responses only)
 )
 
 // h1Body is a request body read from the connection. Not safe for
 // concurrent use.
 type h1Body struct {
 	c              *h1Conn
-	mode           int
+	mode           framing
 	remain         int64
 	cr             io.Reader
 	err            error // sticky: io.EOF once read to the end
@@ -522,7 +588,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	var n int
 	var err error
 	switch b.mode {
-	case bodyLengthIn:
+	case framingLength:
 		if int64(len(p)) > b.remain {
 			p = p[:b.remain]
 		}
@@ -536,7 +602,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-	case bodyChunkedIn:
+	case framingChunked:
 		n, err = b.cr.Read(p)
 		if err == io.EOF {
 			if terr := b.readTrailer(); terr != nil {
@@ -560,26 +626,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 // readTrailer consumes the trailer section of a chunked body (discarded:
 // the proxy forwards no request trailers), within the header size limit.
 func (b *h1Body) readTrailer() error {
-	total := 0
-	for {
-		line, err := b.c.br.ReadSlice('\n')
-		total += len(line)
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			if err == bufio.ErrBufferFull {
-				err = errors.New("chunked trailer line too long")
-			}
-			return err
-		}
-		if total > b.c.s.cfg.MaxHeaderBytes {
-			return errors.New("chunked trailer too large")
-		}
-		if len(line) == 1 || (len(line) == 2 && line[0] == '\r') {
-			return nil
-		}
-	}
+	return readTrailerSection(b.c.br, b.c.s.cfg.MaxHeaderBytes)
 }
 
 // Close marks the body closed; what is left is drained (or the connection
@@ -591,7 +638,7 @@ func (b *h1Body) Close() error {
 
 // done reports whether the body was read to its end (or there was none).
 func (b *h1Body) done() bool {
-	return b.mode == bodyNone || b.err == io.EOF
+	return b.mode == framingNone || b.err == io.EOF
 }
 
 // drain reads and discards what the handler left of the body, up to
@@ -600,7 +647,7 @@ func (b *h1Body) drain() bool {
 	if b.err != nil && b.err != io.EOF {
 		return false
 	}
-	if b.mode == bodyLengthIn && b.remain > maxDrainBody {
+	if b.mode == framingLength && b.remain > maxDrainBody {
 		return false
 	}
 	b.closed = false

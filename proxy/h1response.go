@@ -270,6 +270,9 @@ func (w *h1Response) commit(final bool) {
 	if b := &c.body; !b.done() && b.expectContinue && !b.continueSent {
 		w.closeAfter = true // the client still waits to send a body
 	}
+	if b := &c.body; !b.done() && b.mode == framingLength && b.remain > maxDrainBody {
+		w.closeAfter = true // too much left unread to drain and carry on
+	}
 
 	b := append(c.scratch[:0], statusLine(w.status)...)
 	b = w.appendHeaderFields(b, true)

@@ -69,7 +69,7 @@ type h1Config struct {
 	// 431. Default 64 KiB.
 	MaxHeaderBytes int
 	// WatchDelay is how long a request runs before its connection is
-	// watched for a client disconnect. Default 1ms; negative watches at
+	// watched for a client disconnect. Default 20ms; negative watches at
 	// once.
 	WatchDelay time.Duration
 	// Logger; nil is a no-op logger.
@@ -198,7 +198,7 @@ func (s *h1Server) closeIdle() int {
 	s.mu.Lock()
 	for c := range s.conns {
 		switch {
-		case c.state.CompareAndSwap(connIdle, connClosed):
+		case c.state.CompareAndSwap(connIdle, connClosed), c.state.CompareAndSwap(connLinger, connClosed):
 			idle = append(idle, c)
 		case c.state.Load() == connActive:
 			busy++
@@ -234,6 +234,7 @@ const (
 	connIdle   = iota // waiting for a request (closeable by Shutdown)
 	connActive        // reading or serving a request
 	connClosed        // closed by Shutdown or Close
+	connLinger        // answered, closing: reading what the client still sends (Shutdown closes it at once)
 )
 
 const (
@@ -246,10 +247,11 @@ const (
 	// maxDrainBody is how much of a request body the handler left unread
 	// is read and discarded to keep the connection.
 	maxDrainBody = 256 << 10
-	// lingerTimeout bounds the wait for a client to stop sending after a
-	// connection is closed with its request unread, so the client reads
-	// the answer instead of a reset.
-	lingerTimeout = 500 * time.Millisecond
+	// lingerTimeout and maxLingerBytes bound the reading of what a
+	// client still sends after its request was answered without being
+	// read (a 413, a malformed request), before the connection closes.
+	lingerTimeout  = 5 * time.Second
+	maxLingerBytes = 128 << 20
 )
 
 // h1Conn is one client connection. Its fields are owned by its serve
@@ -367,7 +369,7 @@ func (c *h1Conn) serveRequest() bool {
 
 	c.wmu.Lock()
 	c.cancel = cancel
-	c.bodyDone = c.body.mode == bodyNone
+	c.bodyDone = c.body.mode == framingNone
 	c.watchWanted = false
 	c.gone = false
 	c.wmu.Unlock()
@@ -432,15 +434,21 @@ func (c *h1Conn) runHandler(w *h1Response, r *http.Request) (panicked bool) {
 }
 
 // lingerClose closes the connection after telling the client no more is
-// coming, reading what it still sends for a while: closing with unread
-// bytes would reset the connection and could destroy the answer before
-// the client reads it.
+// coming (a FIN after the answer), reading and discarding what it still
+// sends until it stops: closing with unread bytes resets the connection,
+// and the reset destroys the answer before the client reads it. Clients
+// (the OpenAI SDKs among them) send a whole body before they read, so one
+// refused with 413 would see "broken pipe" instead. The reading stops at
+// the client's FIN, after maxLingerBytes, after lingerTimeout, or when
+// Shutdown closes the connection.
 func (c *h1Conn) lingerClose() {
 	_ = c.bw.Flush()
 	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
-		_ = c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
-		_, _ = io.CopyN(io.Discard, c.nc, 4<<20)
+		if c.state.CompareAndSwap(connActive, connLinger) {
+			_ = c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+			_, _ = io.CopyN(io.Discard, c.nc, maxLingerBytes)
+		}
 	}
 	c.nc.Close()
 }

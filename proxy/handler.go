@@ -24,6 +24,21 @@ const (
 // RoleHeader names the role on a request forwarded to a peer agent.
 const RoleHeader = "Infermesh-Role"
 
+// RefusedHeader marks an answer as a refusal by the peer agent itself (not
+// by its instance): the role is not served to the asking node, or the node
+// is not admitted. Its value is the reason (RefusedNotServed, ...). The
+// consumer treats such an answer as a failure before the first byte and
+// tries its next candidate; an instance's own answers never carry it (the
+// header is stripped from everything relayed).
+const RefusedHeader = "Infermesh-Refused"
+
+// Refusal reasons a peer agent sends in RefusedHeader.
+const (
+	RefusedNotServed   = "not_served"   // the role is not served to the asking node
+	RefusedNotAdmitted = "not_admitted" // the asking node is not admitted (any more)
+	RefusedUnknownPeer = "unknown_peer" // the connection carries no verified identity
+)
+
 func forwardedPath(p string) bool {
 	return p == pathChat || p == pathCompletions || p == pathEmbeddings
 }
@@ -65,7 +80,13 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cands := p.cfg.Resolver.Resolve(role)
+		if len(cands) == 0 && p.pinned(role, asked) {
+			buf.release()
+			fail(w, errNoInstance(role))
+			return
+		}
 		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
 			buf.release()
 			fail(w, errModelNotFound(decodeModel(asked), role))
@@ -100,6 +121,15 @@ func (p *Proxy) readModelRequest(r *http.Request, dflt []byte) (*bodyBuf, []byte
 	return buf, bytes.Clone(buf.b[ms:me]), nil
 }
 
+// pinned reports whether lit names role's pinned model (PinnedModel).
+func (p *Proxy) pinned(role string, lit []byte) bool {
+	if p.cfg.PinnedModel == nil {
+		return false
+	}
+	m := p.cfg.PinnedModel(role)
+	return m != "" && decodeModel(lit) == m
+}
+
 // modelKnown reports whether lit names the model of one of the candidates.
 func modelKnown(lit []byte, cands []placement.Candidate) bool {
 	name := decodeModel(lit)
@@ -121,9 +151,10 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
+			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
@@ -150,6 +181,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			if refused != nil {
 				refused(r, peer, role, "role not served to this peer")
 			}
+			w.Header().Set(RefusedHeader, RefusedNotServed)
 			WriteError(w, errRoleNotFound(role))
 			return
 		}
@@ -158,14 +190,29 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, apiErr)
 			return
 		}
+		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, buf, asked, cand)
-	})
+	}))
 }
 
 // serveModels lists what the port serves: the role name, and the model names
 // of its current candidates as aliases.
 func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string) {
+	ids := []string{role}
+	seen := map[string]bool{role: true}
+	for _, c := range p.cfg.Resolver.Resolve(role) {
+		if c.Model != "" && !seen[c.Model] {
+			seen[c.Model] = true
+			ids = append(ids, c.Model)
+		}
+	}
+	writeModels(w, r, ids, func(id string) *APIError { return errModelNotFound(id, role) })
+}
+
+// writeModels answers GET /v1/models (the list of ids) or
+// /v1/models/{id} (one of them, else notFound(id)).
+func writeModels(w http.ResponseWriter, r *http.Request, ids []string, notFound func(id string) *APIError) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		WriteError(w, errMethod(r.Method))
@@ -176,14 +223,6 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 		Object  string `json:"object"`
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
-	}
-	ids := []string{role}
-	seen := map[string]bool{role: true}
-	for _, c := range p.cfg.Resolver.Resolve(role) {
-		if c.Model != "" && !seen[c.Model] {
-			seen[c.Model] = true
-			ids = append(ids, c.Model)
-		}
 	}
 	data := make([]model, 0, len(ids))
 	for _, id := range ids {
@@ -197,7 +236,7 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request, role string)
 				return
 			}
 		}
-		WriteError(w, errModelNotFound(want, role))
+		WriteError(w, notFound(want))
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {

@@ -23,6 +23,10 @@ type PeerScoreConfig struct {
 	// candidate. A failure while cooled down starts the period again; one
 	// success ends it. Default 10s.
 	Cooldown time.Duration
+	// RefusalMemory is how long a peer agent's refusal of a role (a
+	// RefusedHeader answer) puts that peer last for that role. A success
+	// for the role ends it. Default 60s.
+	RefusalMemory time.Duration
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
 	// Graceful reports errors that ended an attempt because the peer shut
@@ -34,12 +38,13 @@ type PeerScoreConfig struct {
 
 // DefaultPeerScoreConfig returns the defaults.
 func DefaultPeerScoreConfig() PeerScoreConfig {
-	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, Now: time.Now}
+	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, Now: time.Now}
 }
 
 // PeerScorer is the consumer side's view of its peers. As a Resolver it
-// wraps another (placement) and reorders the remote candidates: peers
-// cooled down after repeated failures go last; the others by the load they
+// wraps another (placement) and reorders the remote candidates: peers whose
+// agent recently refused the role (RefusedHeader) go last, then peers
+// cooled down after repeated failures; the others by the load they
 // advertise plus the requests we have in flight to them, then by recent
 // failures; ties keep the wrapped order. Local candidates keep their place
 // (first). As a RoundTripper wrapper (Transport) it observes every remote
@@ -62,6 +67,13 @@ type peerStat struct {
 	fails     int // consecutive
 	lastFail  time.Time
 	coolUntil time.Time
+	refused   map[string]Refusal // by role
+}
+
+// Refusal is a peer agent's refusal of a role, as the scorer remembers it.
+type Refusal struct {
+	Why string    // the RefusedHeader value: RefusedNotServed, ...
+	At  time.Time // the last one
 }
 
 // recentFails is the consecutive failure count, forgotten a cool-down
@@ -94,6 +106,12 @@ func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
 	if cfg.Cooldown < 0 {
 		return nil, errors.New("peer score config: Cooldown is negative")
 	}
+	if cfg.RefusalMemory < 0 {
+		return nil, errors.New("peer score config: RefusalMemory is negative")
+	}
+	if cfg.RefusalMemory == 0 {
+		cfg.RefusalMemory = d.RefusalMemory
+	}
 	if cfg.FailureThreshold == 0 {
 		cfg.FailureThreshold = d.FailureThreshold
 	}
@@ -122,10 +140,11 @@ func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 		return cands
 	}
 	type keyed struct {
-		c      placement.Candidate
-		cooled bool
-		load   int64
-		fails  int
+		c       placement.Candidate
+		refused bool
+		cooled  bool
+		load    int64
+		fails   int
 	}
 	ks := make([]keyed, 0, n)
 	now := s.cfg.Now()
@@ -137,6 +156,7 @@ func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 		k := keyed{c: c, load: int64(c.Load)}
 		if p := s.peers[c.Node]; p != nil {
 			k.cooled = now.Before(p.coolUntil)
+			k.refused = p.refusedFor(role, now, s.cfg.RefusalMemory)
 			k.load += p.inflight
 			k.fails = p.recentFails(now, s.cfg.Cooldown)
 		}
@@ -144,6 +164,12 @@ func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 	}
 	s.mu.Unlock()
 	slices.SortStableFunc(ks, func(a, b keyed) int {
+		if a.refused != b.refused {
+			if a.refused {
+				return 1
+			}
+			return -1
+		}
 		if a.cooled != b.cooled {
 			if a.cooled {
 				return 1
@@ -164,6 +190,47 @@ func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 		}
 	}
 	return cands
+}
+
+// refusedFor reports whether the peer refused role within memory.
+func (p *peerStat) refusedFor(role string, now time.Time, memory time.Duration) bool {
+	r, ok := p.refused[role]
+	return ok && now.Sub(r.At) < memory
+}
+
+// ObserveRefusal records that node's agent refused role (why is the
+// RefusedHeader value): for RefusalMemory it is tried after every other
+// candidate for that role. The peer answered, so it is no failure.
+func (s *PeerScorer) ObserveRefusal(node, role, why string) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.statLocked(node)
+	if p.refused == nil {
+		p.refused = map[string]Refusal{}
+	}
+	p.refused[role] = Refusal{Why: why, At: now}
+}
+
+// Refused returns node's remembered refusal of role, if any is recent.
+func (s *PeerScorer) Refused(node, role string) (Refusal, bool) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.peers[node]
+	if p == nil || !p.refusedFor(role, now, s.cfg.RefusalMemory) {
+		return Refusal{}, false
+	}
+	return p.refused[role], true
+}
+
+// servedRole forgets node's refusal of role: it just served it.
+func (s *PeerScorer) servedRole(node, role string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.peers[node]; p != nil {
+		delete(p.refused, role)
+	}
 }
 
 func (s *PeerScorer) statLocked(node string) *peerStat {
@@ -258,11 +325,18 @@ func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	switch resp.StatusCode {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	role := r.Header.Get(RoleHeader)
+	switch {
+	case resp.Header.Get(RefusedHeader) != "":
+		t.s.Observe(node, true) // it answered: reachable, only unwilling
+		t.s.ObserveRefusal(node, role, resp.Header.Get(RefusedHeader))
+	case resp.StatusCode == http.StatusBadGateway, resp.StatusCode == http.StatusServiceUnavailable, resp.StatusCode == http.StatusGatewayTimeout:
 		t.s.Observe(node, false)
 	default:
 		t.s.Observe(node, true)
+		if resp.StatusCode < 300 {
+			t.s.servedRole(node, role)
+		}
 	}
 	resp.Body = &scoredBody{ReadCloser: resp.Body, s: t.s, node: node, ctx: r.Context()}
 	return resp, nil

@@ -233,3 +233,31 @@ func TestNewPeerScorerValidates(t *testing.T) {
 		t.Errorf("zero config: got threshold %d cooldown %v, want the defaults", s.cfg.FailureThreshold, s.cfg.Cooldown)
 	}
 }
+
+// TestPeerScorerRefusalPerRole: a peer agent's refusal puts that peer last
+// for that role only, below even a cooled-down peer, until RefusalMemory
+// passes or the peer serves the role again.
+func TestPeerScorerRefusalPerRole(t *testing.T) {
+	s, clk := newScorerForTest(t, remote("b", 0), remote("c", 5), remote("d", 9))
+	s.Observe("d", false)
+	s.Observe("d", false) // d cooled down
+	s.ObserveRefusal("b", "chat", RefusedNotServed)
+	if got, want := nodesOf(s.Resolve("chat")), []string{"c", "d", "b"}; !slices.Equal(got, want) {
+		t.Errorf("Resolve(chat) = %v, want %v", got, want)
+	}
+	if got, want := nodesOf(s.Resolve("embed")), []string{"b", "c", "d"}; !slices.Equal(got, want) {
+		t.Errorf("Resolve(embed) = %v, want %v (the refusal is chat's only)", got, want)
+	}
+	if r, ok := s.Refused("b", "chat"); !ok || r.Why != RefusedNotServed {
+		t.Errorf("Refused(b, chat) = %+v, %v", r, ok)
+	}
+	clk.Advance(DefaultPeerScoreConfig().RefusalMemory)
+	if _, ok := s.Refused("b", "chat"); ok {
+		t.Errorf("the refusal outlived RefusalMemory")
+	}
+	s.ObserveRefusal("b", "chat", RefusedNotServed)
+	s.servedRole("b", "chat")
+	if _, ok := s.Refused("b", "chat"); ok {
+		t.Errorf("the refusal outlived a success")
+	}
+}

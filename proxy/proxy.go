@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -74,6 +75,19 @@ type Config struct {
 	MaxIdleConnsPerUpstream int
 	// Observer receives per-request measurements. Nil: none.
 	Observer Observer
+	// PinnedModel names the model role's own instance serves (the config's
+	// roles.<r>.model), known even while no candidate is: a request for it
+	// then gets 503 with Retry-After (the instance is coming back), not
+	// 404. Nil or "": only the role name is known without candidates.
+	PinnedModel func(role string) string
+	// NodeName is this node's name, sent in ServedByHeader. "": none.
+	NodeName string
+	// AccessLog receives one line per request (info). Nil: none.
+	AccessLog *zap.Logger
+	// AccessLogSkip is the fraction of successful requests left out of
+	// the access log (errors and aborted streams are always in it).
+	// Default 0: every request.
+	AccessLogSkip float64
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
 }
@@ -111,6 +125,9 @@ func (c *Config) fill() error {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	if c.AccessLogSkip < 0 || c.AccessLogSkip > 1 {
+		return fmt.Errorf("proxy config: AccessLogSkip %v is not within 0 and 1", c.AccessLogSkip)
+	}
 	return nil
 }
 
@@ -121,6 +138,7 @@ type Proxy struct {
 	up    *upstreamClient // plain-http local instances (the hot path)
 	local *http.Transport // local instances with other schemes
 	log   *zap.Logger
+	busy  busyCounts // requests at the local instance, per role
 
 	mu      sync.Mutex
 	servers map[string]*roleServer // by role
@@ -169,30 +187,41 @@ func (p *Proxy) Listen(role, addr string) (net.Addr, error) {
 	if !IsLoopbackAddr(addr) {
 		return nil, fmt.Errorf("role %q: listen address %q is not a loopback address", role, addr)
 	}
+	only := []string{role}
+	return p.listen(role, addr, p.ProbeHandler(func() []string { return only }, p.traced(role, sourceApp, p.RoleHandler(role))))
+}
+
+// listen binds addr and serves h on it, as the server of key (a role, or
+// sharedKey).
+func (p *Proxy) listen(key, addr string, h http.Handler) (net.Addr, error) {
+	name := "role " + strconv.Quote(key)
+	if key == sharedKey {
+		name = "proxy.listen"
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, ErrClosed
 	}
-	if _, ok := p.servers[role]; ok {
-		return nil, fmt.Errorf("role %q: already listening", role)
+	if _, ok := p.servers[key]; ok {
+		return nil, fmt.Errorf("%s: already listening", name)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("role %q: %w", role, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	rs := &roleServer{role: role, ln: ln, done: make(chan struct{})}
-	rs.srv = newH1Server(p.RoleHandler(role), h1Config{
+	rs := &roleServer{role: key, ln: ln, done: make(chan struct{})}
+	rs.srv = newH1Server(h, h1Config{
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		Logger:            p.log.Named("http"),
 	})
-	p.servers[role] = rs
+	p.servers[key] = rs
 	go func() {
 		defer close(rs.done)
 		if err := rs.srv.Serve(ln); err != nil && !errors.Is(err, errServerClosed) {
-			p.log.Error("role listener stopped", zap.String("role", role), zap.Error(err))
+			p.log.Error("listener stopped", zap.String("listener", name), zap.Error(err))
 		}
 	}()
 	return ln.Addr(), nil

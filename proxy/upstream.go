@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -25,9 +26,13 @@ import (
 // Semantics kept from the transport: keep-alive connections pooled per
 // host (at most maxIdle idle each); a connect timeout; a timeout for the
 // response head; the request context closing the connection when it ends
-// (client disconnect reaches the instance); a request that failed on a
-// reused connection before any response byte arrived (the instance had
-// closed it while idle) sent again once on a new connection.
+// (client disconnect reaches the instance). A pooled connection is checked
+// before use (the instance may have closed it while idle: a peek without
+// waiting sees the FIN) and replaced when closed. A request is sent again
+// on a new connection only when it failed on a reused connection and
+// either none of it was written, or it is replayable (the client sent an
+// Idempotency-Key or X-Idempotency-Key): the rule of http.Transport. An
+// inference request the instance may have received is never run twice.
 //
 // Safe for concurrent use.
 type upstreamClient struct {
@@ -74,7 +79,7 @@ func (u *upstreamClient) get(ctx context.Context, host string, fresh bool) (uc *
 			c := list[len(list)-1]
 			list[len(list)-1] = nil
 			list = list[:len(list)-1]
-			if now.Sub(c.idleAt) > u.idleTimeout {
+			if now.Sub(c.idleAt) > u.idleTimeout || peerClosed(c.nc) {
 				stale = append(stale, c)
 				continue
 			}
@@ -144,22 +149,24 @@ func (u *upstreamClient) closeIdle(final bool) {
 	}
 }
 
-// errStaleConn marks a failure on a reused connection before any byte of
-// the response arrived: the request can be sent again.
+// errStaleConn marks a failure on a reused connection that allows sending
+// the request again: nothing of it was written, or it is replayable and no
+// byte of the response arrived.
 var errStaleConn = errors.New("instance closed the idle connection")
 
 // roundTrip sends req (a complete HTTP/1.1 request: head and body) to host
 // and reads the response head. The response body reads from the
 // connection; reading it to its end and closing it returns the connection
-// to the pool. The body is not safe for concurrent use.
-func (u *upstreamClient) roundTrip(ctx context.Context, host string, req []byte) (*http.Response, error) {
+// to the pool. The body is not safe for concurrent use. replayable: the
+// request may be sent twice (see the type's doc).
+func (u *upstreamClient) roundTrip(ctx context.Context, host string, req []byte, replayable bool) (*http.Response, error) {
 	fresh := false
 	for {
 		uc, reused, err := u.get(ctx, host, fresh)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := u.exchange(ctx, uc, req, reused)
+		resp, err := u.exchange(ctx, uc, req, reused, replayable)
 		if err == nil {
 			return resp, nil
 		}
@@ -172,7 +179,7 @@ func (u *upstreamClient) roundTrip(ctx context.Context, host string, req []byte)
 	}
 }
 
-func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, reused bool) (*http.Response, error) {
+func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, reused, replayable bool) (*http.Response, error) {
 	if err := ctx.Err(); err != nil {
 		u.put(uc)
 		return nil, err
@@ -191,14 +198,14 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	if u.headerTimeout > 0 {
 		_ = uc.nc.SetDeadline(time.Now().Add(u.headerTimeout))
 	}
-	if _, err := uc.nc.Write(req); err != nil {
-		if reused && !isTimeout(err) {
+	if n, err := uc.nc.Write(req); err != nil {
+		if reused && !isTimeout(err) && (n == 0 || replayable) {
 			return fail(fmt.Errorf("%w: %w", errStaleConn, err))
 		}
 		return fail(err)
 	}
 	if _, err := uc.br.Peek(1); err != nil {
-		if reused && !isTimeout(err) {
+		if reused && replayable && !isTimeout(err) {
 			return fail(fmt.Errorf("%w: %w", errStaleConn, err))
 		}
 		if isTimeout(err) {
@@ -222,29 +229,33 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	if u.headerTimeout > 0 {
 		_ = uc.nc.SetDeadline(time.Time{})
 	}
+	resp.Body = newUpBody(u, uc, resp, stop)
+	return resp, nil
+}
+
+// newUpBody frames resp's body on uc (RFC 9112 section 6.3) and sets
+// resp.ContentLength to match. stop ends the context watcher; it reports
+// whether it was still armed.
+func newUpBody(u *upstreamClient, uc *upConn, resp *http.Response, stop func() bool) *upBody {
 	b := &upBody{u: u, uc: uc, stop: stop, keep: !resp.Close}
 	switch {
 	case resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
 		resp.ContentLength = 0
-		b.mode = bodyLength
+		b.mode = framingLength
 	case len(resp.TransferEncoding) > 0:
 		resp.ContentLength = -1
-		if resp.TransferEncoding[len(resp.TransferEncoding)-1] == "chunked" {
-			b.mode = bodyChunked
-			b.cr = httputil.NewChunkedReader(uc.br)
-		} else {
-			b.mode, b.keep = bodyClose, false
-		}
+		b.mode = framingChunked
+		b.cr = httputil.NewChunkedReader(uc.br)
 	case resp.ContentLength >= 0:
-		b.mode, b.remain = bodyLength, resp.ContentLength
+		b.mode, b.remain = framingLength, resp.ContentLength
 	default:
-		b.mode, b.keep = bodyClose, false
+		b.mode, b.keep = framingClose, false
+		resp.Close = true // the body ends with the connection
 	}
-	resp.Body = b
-	if b.mode == bodyLength && b.remain == 0 {
+	if b.mode == framingLength && b.remain == 0 {
 		b.finish()
 	}
-	return resp, nil
+	return b
 }
 
 func isTimeout(err error) bool {
@@ -252,20 +263,13 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// Body framings.
-const (
-	bodyLength  = iota // Content-Length bytes
-	bodyChunked        // chunked transfer coding
-	bodyClose          // until the instance closes the connection
-)
-
 // upBody is a response body read straight from the connection. Not safe
 // for concurrent use.
 type upBody struct {
 	u      *upstreamClient
 	uc     *upConn
 	stop   func() bool
-	mode   int
+	mode   framing
 	remain int64
 	cr     io.Reader
 	keep   bool  // the connection may be reused once the body is read
@@ -279,7 +283,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	var n int
 	var err error
 	switch b.mode {
-	case bodyLength:
+	case framingLength:
 		if int64(len(p)) > b.remain {
 			p = p[:b.remain]
 		}
@@ -292,10 +296,10 @@ func (b *upBody) Read(p []byte) (int, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-	case bodyChunked:
+	case framingChunked:
 		n, err = b.cr.Read(p)
 		if err == io.EOF {
-			if terr := readTrailer(b.uc.br); terr != nil {
+			if terr := readTrailerSection(b.uc.br, maxResponseHead); terr != nil {
 				b.err = terr
 				b.release(false)
 				return n, terr
@@ -350,23 +354,6 @@ func (b *upBody) Close() error {
 
 var errBodyClosed = errors.New("read on closed response body")
 
-// readTrailer consumes the trailer section after a chunked body's last
-// chunk (httputil's chunked reader stops before it).
-func readTrailer(br *bufio.Reader) error {
-	for {
-		line, err := br.ReadSlice('\n')
-		if err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if len(line) <= 2 && (len(line) == 1 || line[0] == '\r') {
-			return nil
-		}
-	}
-}
-
 // maxResponseHead bounds a response's status line and headers.
 const maxResponseHead = 1 << 20
 
@@ -380,23 +367,20 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 	nl := 0
 	extra := []int(nil)
 	for {
-		line, err := br.ReadSlice('\n')
-		for err == bufio.ErrBufferFull {
-			block = append(block, line...)
-			if len(block) > maxResponseHead {
-				return nil, errors.New("response head too large")
-			}
-			line, err = br.ReadSlice('\n')
+		// Only the whole line says whether it is the empty one: a line
+		// longer than the buffer arrives in fragments, and its last may
+		// be a bare "\n" or "\r\n".
+		start := len(block)
+		var err error
+		block, err = appendLine(block, br, maxResponseHead)
+		if err == errLineTooLong {
+			return nil, errors.New("response head too large")
 		}
 		if err != nil {
 			if err == io.EOF && len(block) > 0 {
 				err = io.ErrUnexpectedEOF
 			}
 			return nil, err
-		}
-		block = append(block, line...)
-		if len(block) > maxResponseHead {
-			return nil, errors.New("response head too large")
 		}
 		end := len(block)
 		if nl < len(lines) {
@@ -405,7 +389,7 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 			extra = append(extra, end)
 		}
 		nl++
-		if len(line) == 1 || (len(line) == 2 && line[0] == '\r') {
+		if emptyLine(block[start:]) {
 			break
 		}
 	}
@@ -416,8 +400,16 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		return extra[i-len(lines)]
 	}
 	s := string(block) // one allocation for every key and value
+	// trim drops a line end ("\n" or "\r\n", no more) and the optional
+	// whitespace around s[a:b].
 	trim := func(a, b int) (int, int) {
-		for b > a && (s[b-1] == '\n' || s[b-1] == '\r' || s[b-1] == ' ' || s[b-1] == '\t') {
+		if b > a && s[b-1] == '\n' {
+			b--
+			if b > a && s[b-1] == '\r' {
+				b--
+			}
+		}
+		for b > a && (s[b-1] == ' ' || s[b-1] == '\t') {
 			b--
 		}
 		for a < b && (s[a] == ' ' || s[a] == '\t') {
@@ -426,9 +418,10 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		return a, b
 	}
 	// Status line: HTTP/1.x SP 3DIGIT [SP reason]
-	a, e := trim(0, lineEnd(0))
-	st := s[a:e]
-	if len(st) < 12 || st[:7] != "HTTP/1." || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
+	// The status line as it is, but for its line end (no trimming:
+	// "200\r " is not a status code).
+	st := strings.TrimSuffix(strings.TrimSuffix(s[:lineEnd(0)], "\n"), "\r")
+	if len(st) < 12 || st[:7] != "HTTP/1." || st[7] < '0' || st[7] > '9' || st[8] != ' ' || (len(st) > 12 && st[12] != ' ') {
 		return nil, fmt.Errorf("malformed response status line %q", st)
 	}
 	code, err := strconv.Atoi(st[9:12])
@@ -449,11 +442,11 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 	start := lineEnd(0)
 	for i := 1; i < nl-1; i++ {
 		end := lineEnd(i)
+		if s[start] == ' ' || s[start] == '\t' {
+			return nil, fmt.Errorf("obsolete line folding in the response header: %q", s[start:end])
+		}
 		ls, le := trim(start, end)
 		start = end
-		if ls == le {
-			continue
-		}
 		colon := -1
 		for j := ls; j < le; j++ {
 			if s[j] == ':' {
@@ -461,23 +454,32 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 				break
 			}
 		}
-		if colon <= ls {
+		if colon <= ls || !validToken(s[ls:colon]) {
 			return nil, fmt.Errorf("malformed response header line %q", s[ls:le])
 		}
 		key := textproto.CanonicalMIMEHeaderKey(s[ls:colon])
 		va, vb := trim(colon+1, le)
 		v := s[va:vb]
+		if !validValue(v) {
+			return nil, fmt.Errorf("invalid response header value of %s", key)
+		}
 		switch key {
 		case "Content-Length":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 || (resp.ContentLength >= 0 && n != resp.ContentLength) {
+			n, ok := parseContentLength(v)
+			if !ok || (resp.ContentLength >= 0 && n != resp.ContentLength) {
 				return nil, fmt.Errorf("bad Content-Length %q", v)
 			}
 			resp.ContentLength = n
 		case "Transfer-Encoding":
-			for _, te := range splitComma(v) {
-				resp.TransferEncoding = append(resp.TransferEncoding, asciiLower(te))
+			if resp.ProtoMinor == 0 {
+				continue // HTTP/1.0 has no codings: the body ends at close (as net/http)
 			}
+			// Only "chunked", once, as http.ReadResponse: another coding
+			// could only be relayed by reading until the instance closes.
+			if resp.TransferEncoding != nil || !strings.EqualFold(v, "chunked") {
+				return nil, fmt.Errorf("unsupported transfer encoding %q", v)
+			}
+			resp.TransferEncoding = chunkedTE
 			continue // a hop-by-hop framing detail, as http.Transport does
 		case "Connection":
 			for _, f := range splitComma(v) {

@@ -419,7 +419,7 @@ func TestEventsStreamAndShutdown(t *testing.T) {
 	var got []admin.Event
 	errc := make(chan error, 1)
 	go func() {
-		errc <- c.Events(context.Background(), func(e admin.Event) error { got = append(got, e); return nil })
+		errc <- c.Events(context.Background(), admin.EventsOptions{Follow: true}, func(e admin.Event) error { got = append(got, e); return nil })
 	}()
 	<-fake.HistorySent
 	// Shutdown ends the stream instead of waiting for it.

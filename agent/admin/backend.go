@@ -38,9 +38,11 @@ type Backend interface {
 	// cluster and returns the keyring after the change.
 	ChangeKeyring(ctx context.Context, by Caller, c KeyringChange) (Keyring, error)
 
-	// Events calls fn with the recent audit history, then with every new
-	// event, until ctx ends (nil) or fn returns an error (that error).
-	Events(ctx context.Context, fn func(Event) error) error
+	// Events calls fn with the recent audit history (its last o.Last
+	// events when o.Last > 0), then, with o.Follow, with every new event,
+	// until ctx ends (nil) or fn returns an error (that error). Without
+	// o.Follow it returns after the history.
+	Events(ctx context.Context, o EventsOptions, fn func(Event) error) error
 
 	// Reload re-reads the config file and applies what can change at run
 	// time.
@@ -56,6 +58,9 @@ type Backend interface {
 	// restart policy; ErrNotFound without one, ErrConflict when it has not
 	// failed.
 	RetryInstance(ctx context.Context, by Caller, role string) (Instance, error)
+	// StopInstance stops role's instance and keeps it stopped until
+	// RetryInstance; ErrNotFound without one.
+	StopInstance(ctx context.Context, by Caller, role string) (Instance, error)
 }
 
 // Errors a Backend wraps so the client learns what happened; the client

@@ -235,6 +235,11 @@ func (c *Client) InstanceLogs(ctx context.Context, role string, n int) ([]LogLin
 	return get[[]LogLine](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/logs?n="+strconv.Itoa(n))
 }
 
+// StopInstance is POST /v0/instances/{role}/stop.
+func (c *Client) StopInstance(ctx context.Context, role string) (Instance, error) {
+	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/stop", struct{}{})
+}
+
 // RetryInstance is POST /v0/instances/{role}/retry.
 func (c *Client) RetryInstance(ctx context.Context, role string) (Instance, error) {
 	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/retry", struct{}{})
@@ -257,9 +262,22 @@ var ErrStreamEnded = errors.New("event stream ended by the agent")
 
 // Events follows GET /v0/events, calling fn for each event until ctx ends
 // (nil), fn returns an error (that error), or the agent ends the stream
-// (ErrStreamEnded).
-func (c *Client) Events(ctx context.Context, fn func(Event) error) error {
-	resp, err := c.open(ctx, http.MethodGet, "/v0/events", nil)
+// (ErrStreamEnded). Without o.Follow the stream ends after the history and
+// Events returns nil.
+func (c *Client) Events(ctx context.Context, o EventsOptions, fn func(Event) error) error {
+	path := "/v0/events?follow=" + strconv.FormatBool(o.Follow)
+	if o.Last > 0 {
+		path += "&last=" + strconv.Itoa(o.Last)
+	}
+	err := c.events(ctx, path, fn)
+	if !o.Follow && errors.Is(err, ErrStreamEnded) {
+		return nil
+	}
+	return err
+}
+
+func (c *Client) events(ctx context.Context, path string, fn func(Event) error) error {
+	resp, err := c.open(ctx, http.MethodGet, path, nil)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -193,6 +193,9 @@ func (s *Server) routes() http.Handler {
 		}
 		reply(w, r, func(ctx context.Context) ([]LogLine, error) { return b.InstanceLogs(ctx, r.PathValue("role"), n) })
 	})
+	write("/v0/instances/{role}/stop", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		reply(w, r, func(ctx context.Context) (Instance, error) { return b.StopInstance(ctx, c, r.PathValue("role")) })
+	})
 	write("/v0/instances/{role}/retry", func(w http.ResponseWriter, r *http.Request, c Caller) {
 		reply(w, r, func(ctx context.Context) (Instance, error) { return b.RetryInstance(ctx, c, r.PathValue("role")) })
 	})
@@ -204,6 +207,7 @@ func (s *Server) routes() http.Handler {
 		s.cfg.Metrics.ServeHTTP(w, r)
 	})
 	s.nodeRoutes(mux)
+	s.meshRoutes(mux)
 	mux.HandleFunc("/", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
 		writeError(w, Errorf(ErrNotFound, "no such admin route: %s %s", r.Method, r.URL.Path))
 	}))
@@ -258,15 +262,34 @@ func redact(k Keyring, c Caller) Keyring {
 }
 
 // events streams the audit as newline-delimited JSON until the client
-// goes or the server shuts down.
+// goes or the server shuts down; ?last=N sends only the last N events of
+// the recent history, ?follow=false ends the stream after it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request, _ Caller) {
+	o := EventsOptions{Follow: true}
+	q := r.URL.Query()
+	if v := q.Get("follow"); v != "" {
+		f, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, Errorf(ErrInvalid, "follow=%q is not a boolean", v))
+			return
+		}
+		o.Follow = f
+	}
+	if v := q.Get("last"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, Errorf(ErrInvalid, "last=%q is not a count", v))
+			return
+		}
+		o.Last = n
+	}
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.cfg.Backend.Events(r.Context(), func(e Event) error {
+	err := s.cfg.Backend.Events(r.Context(), o, func(e Event) error {
 		if err := enc.Encode(e); err != nil {
 			return err
 		}

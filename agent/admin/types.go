@@ -109,6 +109,9 @@ type Route struct {
 	Generation uint64     `json:"generation"`
 	Serving    string     `json:"serving,omitempty"` // the first candidate's node, "" when none
 	Decisions  []Decision `json:"decisions"`
+	// Hints name roles peers advertise under a name close to Role (a
+	// typo on one side), when no peer advertises Role itself.
+	Hints []string `json:"hints,omitempty"`
 }
 
 // Decision is one node's verdict for a role.
@@ -211,6 +214,14 @@ type Event struct {
 	Role   string            `json:"role,omitempty"`
 	Node   string            `json:"node,omitempty"`
 	Fields map[string]string `json:"fields,omitempty"`
+}
+
+// EventsOptions select what GET /v0/events sends: the recent history (the
+// last Last events when Last > 0, ?last=N), then new events while Follow
+// (?follow=false ends the stream after the history).
+type EventsOptions struct {
+	Follow bool
+	Last   int
 }
 
 // ReloadResult is POST /v0/reload.

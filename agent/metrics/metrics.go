@@ -88,7 +88,8 @@ type Metrics struct {
 	byTarget cache[targetKey, *targetChildren]
 	byRole   cache[string, prometheus.Gauge]
 
-	mesh atomic.Pointer[meshHolder]
+	mesh      atomic.Pointer[meshHolder]
+	instances *instanceCollector
 }
 
 type meshHolder struct{ src MeshSource }
@@ -122,7 +123,7 @@ func New(cfg Config) (*Metrics, error) {
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 	}
-	m := &Metrics{reg: prometheus.NewRegistry()}
+	m := &Metrics{reg: prometheus.NewRegistry(), instances: &instanceCollector{}}
 	rt := []string{"role", "target"}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infermesh_requests_total",
@@ -172,7 +173,7 @@ func New(cfg Config) (*Metrics, error) {
 
 	cs := []prometheus.Collector{
 		m.requests, m.duration, m.ttft, m.bytes, m.aborted, m.attempts, m.failovers,
-		m.streams, m.refusals, build, &scrapeCollector{m: m, placement: cfg.Placement},
+		m.streams, m.refusals, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
 	}
 	if !cfg.NoRuntimeCollectors {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -228,9 +229,12 @@ func (m *Metrics) Refused(reason string) {
 	m.refusals.WithLabelValues(reason).Inc()
 }
 
+// targetNone is the target of a request no candidate saw.
+const targetNone = "none"
+
 func targetLabel(target string) string {
 	if target == "" {
-		return "none"
+		return targetNone
 	}
 	return target
 }
@@ -257,7 +261,11 @@ func (m *Metrics) Done(role, target string, status int, d time.Duration, n int64
 	target = targetLabel(target)
 	m.byCode.get(codeKey{role, target, status}).Inc()
 	c := m.byTarget.get(targetKey{role, target})
-	c.duration.Observe(d.Seconds())
+	if target != targetNone {
+		// A request no candidate saw (refused, or nothing serves the
+		// role) took no serving time: it would pull the latency down.
+		c.duration.Observe(d.Seconds())
+	}
 	if n > 0 {
 		c.bytes.Add(float64(n))
 	}

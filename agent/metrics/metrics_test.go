@@ -118,6 +118,10 @@ func TestProxyObserved(t *testing.T) {
 		t.Fatalf("no instance = %d, want 503", code)
 	}
 
+	// Refused before any candidate: counted, but not in the latency.
+	if code, _ := post(t, "http://"+chat.String()+"/v1/chat/completions", `{"model":"gpt-4o"}`); code != 404 {
+		t.Fatalf("unknown model = %d, want 404", code)
+	}
 	counters := []struct {
 		name string
 		got  float64
@@ -126,6 +130,7 @@ func TestProxyObserved(t *testing.T) {
 		{"requests chat/local/200", testutil.ToFloat64(m.requests.WithLabelValues("chat", "local", "200")), 2},
 		{"requests dead/local/502", testutil.ToFloat64(m.requests.WithLabelValues("dead", "local", "502")), 1},
 		{"requests empty/none/503", testutil.ToFloat64(m.requests.WithLabelValues("empty", "none", "503")), 1},
+		{"requests chat/none/404", testutil.ToFloat64(m.requests.WithLabelValues("chat", "none", "404")), 1},
 		{"attempts chat ok", testutil.ToFloat64(m.attempts.WithLabelValues("chat", "local", "ok")), 2},
 		{"attempts dead error", testutil.ToFloat64(m.attempts.WithLabelValues("dead", "local", "error")), 1},
 		{"failovers dead", testutil.ToFloat64(m.failovers.WithLabelValues("dead", "local")), 1},
@@ -142,6 +147,11 @@ func TestProxyObserved(t *testing.T) {
 	}
 	// Both chat requests are in the duration and TTFT histograms.
 	exp := scrape(t, m)
+	for _, refused := range []string{`role="chat",target="none"`, `role="empty",target="none"`} {
+		if c := "infermesh_request_duration_seconds_count{" + refused + "} "; strings.Contains(exp, c) && !strings.Contains(exp, c+"0\n") {
+			t.Errorf("a refused request (%s) is in the latency histogram", refused)
+		}
+	}
 	for _, want := range []string{
 		`infermesh_request_duration_seconds_count{role="chat",target="local"} 2`,
 		`infermesh_time_to_first_token_seconds_count{role="chat",target="local"} 2`,
@@ -248,4 +258,27 @@ func BenchmarkObserver(b *testing.B) {
 			m.Done("chat", "local", 200, 10*time.Millisecond, 100, false)
 		}
 	})
+}
+
+type fakeInstances []InstanceStat
+
+func (f fakeInstances) InstanceStats() []InstanceStat { return f }
+
+func TestInstanceMetrics(t *testing.T) {
+	m := newForTest(t, nil)
+	if exp := scrape(t, m); strings.Contains(exp, "infermesh_instance_state") {
+		t.Errorf("instance series without instances:\n%s", exp)
+	}
+	m.SetInstances(fakeInstances{{Role: "chat", State: "ready", Restarts: 2}, {Role: "embed", State: "pulling"}})
+	exp := scrape(t, m)
+	for _, want := range []string{
+		`infermesh_instance_state{role="chat",state="ready"} 1`,
+		`infermesh_instance_state{role="embed",state="pulling"} 1`,
+		`infermesh_instance_restarts_total{role="chat"} 2`,
+		`infermesh_instance_restarts_total{role="embed"} 0`,
+	} {
+		if !strings.Contains(exp, want) {
+			t.Errorf("exposition lacks %q", want)
+		}
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"
+
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 func TestMain(m *testing.M) {
@@ -93,30 +94,12 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger and the test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRunServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	ready := make(chan net.Addr, 1)
 	errc := make(chan error, 1)
-	var logs syncBuffer
+	var logs testproc.SyncBuffer
 	go func() {
 		errc <- run(ctx, []string{"-listen", "127.0.0.1:0", "-model", "tiny", "-tokens", "3"}, envFrom(nil), &logs, ready)
 	}()

@@ -267,47 +267,36 @@ named by their fingerprint for use and remove.`,
 }
 
 func newEventsCmd(a *app) *cobra.Command {
-	var limit int
+	var o admin.EventsOptions
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "Follow the audit stream: policy changes, refusals, joins, leaves (recent history first)",
-		Long: `events prints the agent's recent audit history, then follows new events
-until interrupted. With --json each event is one JSON object per line.`,
+		Short: "Print the audit history (policy changes, refusals, joins, leaves); -f follows new events",
+		Long: `events prints the agent's recent audit history (the last -n N events, or
+all it keeps) and exits; with -f it then follows new events until
+interrupted. With --json each event is one JSON object per line.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Last < 0 {
+				return usageErrorf("-n %d: want a count (0: all the history kept)", o.Last)
+			}
 			c := a.client()
 			defer c.Close()
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			n := 0
-			errLimit := errors.New("limit reached")
-			err := c.Events(ctx, func(e admin.Event) error {
-				var line string
+			return c.Events(cmd.Context(), o, func(e admin.Event) error {
+				line := renderEvent(e)
 				if a.json {
 					b, err := json.Marshal(e)
 					if err != nil {
 						return err
 					}
 					line = string(b) + "\n"
-				} else {
-					line = renderEvent(e)
 				}
-				if _, err := fmt.Fprint(a.out, line); err != nil {
-					return err
-				}
-				n++
-				if limit > 0 && n >= limit {
-					return errLimit
-				}
-				return nil
+				_, err := fmt.Fprint(a.out, line)
+				return err
 			})
-			if errors.Is(err, errLimit) {
-				return nil
-			}
-			return err
 		},
 	}
-	cmd.Flags().IntVarP(&limit, "limit", "n", 0, "stop after this many events (0: follow until interrupted)")
+	cmd.Flags().IntVarP(&o.Last, "lines", "n", 0, "print the last N events of the history (0: all it keeps)")
+	cmd.Flags().BoolVarP(&o.Follow, "follow", "f", false, "after the history, follow new events until interrupted")
 	return cmd
 }
 
@@ -328,7 +317,13 @@ func newInstancesCmd(a *app) *cobra.Command {
 		Short: "List the managed local instances",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(a, cmd, (*admin.Client).Instances, renderInstances)
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.Instance, error) {
+				is, err := c.Instances(ctx)
+				if errors.Is(err, admin.ErrNotConfigured) { // no role has an instance: an empty list
+					return []admin.Instance{}, nil
+				}
+				return is, err
+			}, renderInstances)
 		},
 	}
 	var n int
@@ -353,7 +348,17 @@ func newInstancesCmd(a *app) *cobra.Command {
 			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
 		},
 	}
-	cmd.AddCommand(logs, retry)
+	stop := &cobra.Command{
+		Use:   "stop ROLE",
+		Short: "Stop a role's instance and keep it stopped until 'instances retry' (instances outlive the agent otherwise)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Instance, error) {
+				return c.StopInstance(ctx, args[0])
+			}, func(i admin.Instance) string { return renderInstances([]admin.Instance{i}) })
+		},
+	}
+	cmd.AddCommand(logs, retry, stop)
 	return cmd
 }
 

@@ -95,10 +95,12 @@ func TestGoldenOutput(t *testing.T) {
 		{"policy-reset-none", []string{"policy", "reset", "--role", "chat"}},
 		{"keyring", []string{"keyring", "list"}},
 		{"keyring-install", []string{"keyring", "install", "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="}},
-		{"events", []string{"events", "--limit", "2"}},
+		{"events", []string{"events", "-n", "2"}},
+		{"events-last", []string{"events", "-n", "1"}},
 		{"reload", []string{"reload"}},
 		{"instances", []string{"instances"}},
 		{"instance-logs", []string{"instances", "logs", "embed", "-n", "5"}},
+		{"instance-stop", []string{"instances", "stop", "embed"}},
 	}
 	for _, tt := range tests {
 		for _, asJSON := range []bool{false, true} {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/infermesh/infermesh/agent/admin"
@@ -29,6 +30,15 @@ func TestOneFingerprintPerGossipKey(t *testing.T) {
 	var made keyResult
 	if err := json.Unmarshal([]byte(out), &made); err != nil {
 		t.Fatal(err)
+	}
+	// The key stays in the keyring file; the CLI printed its fingerprint.
+	written, err := identity.LoadKeyring(kr)
+	if err != nil || len(written) != 1 {
+		t.Fatalf("keyring file: %d keys, %v", len(written), err)
+	}
+	made.GossipKey = identity.EncodeGossipKey(written[0])
+	if want := identity.GossipKeyFingerprint(written[0]).String(); made.Fingerprint != want || strings.Contains(out, made.GossipKey) {
+		t.Errorf("keygen --gossip --keyring --json = %s, want fingerprint %s and not the key", out, want)
 	}
 	sock := filepath.Join(dir, "admin.sock")
 	cfgPath := filepath.Join(dir, "infermesh.yaml")

@@ -174,6 +174,9 @@ func renderRoute(rt admin.Route) string {
 		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(why)})
 	}
 	b.WriteString(table(rows))
+	for _, h := range rt.Hints {
+		fmt.Fprintf(&b, "hint: %s\n", h)
+	}
 	return b.String()
 }
 
@@ -302,6 +305,9 @@ func renderReload(r admin.ReloadResult) string {
 }
 
 func renderInstances(is []admin.Instance) string {
+	if len(is) == 0 {
+		return "no managed instances\n"
+	}
 	rows := [][]string{{"ROLE", "STATE", "IMAGE", "ENDPOINT", "RESTARTS", "SINCE", "CONTAINER", "LAST ERROR"}}
 	for _, i := range is {
 		rows = append(rows, []string{i.Role, i.State, dash(i.Image), dash(i.Endpoint), strconv.Itoa(i.Restarts), fmtTime(i.Since), dash(i.Ref), dash(i.LastError)})

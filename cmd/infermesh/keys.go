@@ -26,7 +26,23 @@ type keyResult struct {
 	Path      string `json:"path,omitempty"`
 	PublicKey string `json:"public_key,omitempty"`
 	GossipKey string `json:"gossip_key,omitempty"`
-	Created   bool   `json:"created"`
+	// Fingerprint names a gossip key written to a keyring file (the key
+	// itself stays in the file).
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Created     bool   `json:"created"`
+}
+
+// printKey prints what a key command made: v as JSON with --json, else
+// text on stdout (only the key, so $(...) captures it whole) and the
+// notice for the operator on stderr.
+func (a *app) printKey(v keyResult, text, notice string) error {
+	if err := a.print(v, text); err != nil {
+		return err
+	}
+	if notice != "" && !a.json {
+		fmt.Fprintln(a.errOut, notice)
+	}
+	return nil
 }
 
 func newKeygenCmd(a *app) *cobra.Command {
@@ -39,8 +55,12 @@ func newKeygenCmd(a *app) *cobra.Command {
 <state-dir>/node.key and prints its public key. An existing key is never
 replaced: its public key is printed.
 
-With --gossip it makes an AES-256 gossip key instead: printed, or written as a
-new keyring file with --keyring FILE.`,
+With --gossip it makes an AES-256 gossip key instead: written as a new
+keyring file with --keyring FILE (only its fingerprint is printed), or
+printed for a command to capture (NEW=$(infermesh keygen --gossip)); a
+secret key is never printed to a terminal.
+
+Only the key goes to stdout; notices go to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if gossip {
@@ -66,11 +86,11 @@ new keyring file with --keyring FILE.`,
 				return err
 			}
 			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
-			text := pub
+			notice := ""
 			if created {
-				text = fmt.Sprintf("%s\n(new key written to %s)", pub, path)
+				notice = fmt.Sprintf("(new key written to %s)", path)
 			}
-			return a.print(keyResult{Path: path, PublicKey: pub, Created: created}, text)
+			return a.printKey(keyResult{Path: path, PublicKey: pub, Created: created}, pub, notice)
 		},
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", DefaultStateDir, "node state directory")
@@ -82,6 +102,9 @@ new keyring file with --keyring FILE.`,
 
 func gossipKeygen(a *app, keyring string) error {
 	if keyring == "" {
+		if isTerminal(a.out) {
+			return usageErrorf("refusing to print a secret gossip key to a terminal: write a keyring (--keyring FILE) or capture it (NEW=$(infermesh keygen --gossip))")
+		}
 		k, err := identity.NewGossipKey()
 		if err != nil {
 			return err
@@ -92,7 +115,13 @@ func gossipKeygen(a *app, keyring string) error {
 	if err != nil {
 		return err
 	}
-	return a.print(keyResult{Path: keyring, GossipKey: k, Created: true}, fmt.Sprintf("%s\n(new keyring written to %s)", k, keyring))
+	raw, err := identity.ParseGossipKey(k)
+	if err != nil {
+		return err
+	}
+	fp := identity.GossipKeyFingerprint(raw).String()
+	return a.printKey(keyResult{Path: keyring, Fingerprint: fp, Created: true}, fp,
+		fmt.Sprintf("(new keyring written to %s; the key is its only copy: keep it 0600)", keyring))
 }
 
 func newAuthorityCmd(a *app) *cobra.Command {
@@ -116,8 +145,8 @@ func newAuthorityCmd(a *app) *cobra.Command {
 				return err
 			}
 			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
-			return a.print(keyResult{Path: keyFile, PublicKey: pub, Created: true},
-				fmt.Sprintf("%s\n(authority key written to %s; keep it offline)", pub, keyFile))
+			return a.printKey(keyResult{Path: keyFile, PublicKey: pub, Created: true}, pub,
+				fmt.Sprintf("(authority key written to %s; keep it offline)", keyFile))
 		},
 	}
 

@@ -36,6 +36,16 @@ func TestKeygen(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v, mode %v; want 0600", err, st.Mode().Perm())
 	}
+	// Text: stdout is the key alone (KA=$(infermesh keygen) needs no
+	// pipe), the notice goes to stderr.
+	dir2 := t.TempDir()
+	out, errOut, code = runCLI(t, "keygen", "--state-dir", dir2)
+	if _, err := identity.ParsePublicKey(strings.TrimSuffix(out, "\n")); code != 0 || err != nil || strings.Count(out, "\n") != 1 {
+		t.Errorf("keygen stdout = %q (exit %d, %v), want one line: the public key", out, code, err)
+	}
+	if !strings.Contains(errOut, "new key written to") {
+		t.Errorf("keygen stderr = %q, want the notice", errOut)
+	}
 	// Again: the same key, not replaced.
 	out, _, code = runCLI(t, "keygen", "--state-dir", dir)
 	if code != 0 || strings.TrimSpace(out) != first.PublicKey {
@@ -56,11 +66,20 @@ func TestGossipKeygen(t *testing.T) {
 		t.Fatalf("keygen --gossip = %q (exit %d): %v", out, code, err)
 	}
 	kr := filepath.Join(t.TempDir(), "keyring.json")
-	if _, errOut, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code != 0 {
+	out, errOut, code := runCLI(t, "keygen", "--gossip", "--keyring", kr)
+	if code != 0 {
 		t.Fatalf("keygen --gossip --keyring exit %d: %s", code, errOut)
 	}
-	if keys, err := identity.LoadKeyring(kr); err != nil || len(keys) != 1 {
+	keys, err := identity.LoadKeyring(kr)
+	if err != nil || len(keys) != 1 {
 		t.Fatalf("LoadKeyring = %d keys, %v; want 1", len(keys), err)
+	}
+	// The secret stays in the file: stdout names it by fingerprint only.
+	if want := identity.GossipKeyFingerprint(keys[0]).String() + "\n"; out != want {
+		t.Errorf("keygen --gossip --keyring printed %q, want only the fingerprint %q", out, want)
+	}
+	if k := identity.EncodeGossipKey(keys[0]); strings.Contains(out+errOut, k) {
+		t.Errorf("keygen --gossip --keyring printed the secret key %s", k)
 	}
 	if _, _, code := runCLI(t, "keygen", "--gossip", "--keyring", kr); code == 0 {
 		t.Error("keygen --gossip over an existing keyring succeeded")
@@ -84,6 +103,14 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 	}
 	if _, _, code := runCLI(t, "authority", "init", "--key-file", ak); code == 0 {
 		t.Error("authority init over an existing key succeeded")
+	}
+	// Text: `> file` captures the public key alone; the notice is on stderr.
+	out, errOut, code = runCLI(t, "authority", "init", "--key-file", filepath.Join(dir, "a2.key"))
+	if _, err := identity.ParsePublicKey(strings.TrimSuffix(out, "\n")); code != 0 || err != nil || strings.Count(out, "\n") != 1 {
+		t.Errorf("authority init stdout = %q (exit %d, %v), want one line: the public key", out, code, err)
+	}
+	if !strings.Contains(errOut, "keep it offline") {
+		t.Errorf("authority init stderr = %q, want the notice", errOut)
 	}
 
 	nodeOut, _, _ := runCLI(t, "keygen", "--state-dir", filepath.Join(dir, "n"))

@@ -104,19 +104,40 @@ func newRoot(a *app) *cobra.Command {
 		}
 		parent.AddCommand(s.f(a))
 	}
+	markUsageErrors(root)
 	return root
 }
 
 func run(args []string, out, errOut io.Writer) int {
+	// Ctrl-C ends a follow (events -f) cleanly.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runContext(ctx, args, out, errOut)
+}
+
+// runContext runs the command line args until it is done or ctx ends, and
+// returns the exit code.
+func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	a := &app{out: out, errOut: errOut}
 	root := newRoot(a)
 	root.SetArgs(args)
-	// Ctrl-C ends a follow (events) cleanly.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(errOut, "infermesh:", err)
-		return 1
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
 	}
-	return 0
+	if isCobraUsage(err) {
+		err = &usageError{msg: err.Error()}
+	}
+	code := exitCode(err)
+	// --json is parsed by then unless the flags themselves were the error;
+	// look for it in args so a bad command line answers in JSON too.
+	asJSON := a.json
+	for _, arg := range args {
+		if arg == "--" {
+			break
+		}
+		asJSON = asJSON || arg == "--json" || arg == "--json=true"
+	}
+	reportError(errOut, asJSON, err, code)
+	return code
 }

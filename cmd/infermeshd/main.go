@@ -21,17 +21,46 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
 
 	"github.com/infermesh/infermesh/agent"
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/identity"
 )
 
+// Exit codes, after sysexits(3). The unit's RestartPreventExitStatus
+// lists the usage and config codes: restarting cannot fix either.
+const (
+	exitFailure = 1
+	exitUsage   = 64 // EX_USAGE: a bad command line
+	exitConfig  = 78 // EX_CONFIG: the config file cannot be read or is invalid
+)
+
+// exitError carries the exit code of a failure that has its own.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageError(err error) error  { return &exitError{exitUsage, err} }
+func configError(err error) error { return &exitError{exitConfig, err} }
+
 func main() {
 	tuneGC()
 	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "infermeshd:", err)
-		os.Exit(1)
+		code := exitFailure
+		var ee *exitError
+		if errors.As(err, &ee) {
+			code = ee.code
+		}
+		os.Exit(code)
 	}
 }
 
@@ -43,14 +72,32 @@ func run(args []string) error {
 	devPort := fs.Int("dev-port", 18080, "dev mode: the loopback port of role chat")
 	logLevel := fs.String("log-level", "", "override log.level (debug, info, warn, error)")
 	version := fs.Bool("version", false, "print the version and exit")
+	validate := fs.Bool("validate", false, "check -config (strict decoding, every field) and exit: 0 when the agent would start with it, 78 when not")
 	keygen := fs.Bool("keygen", false, "create the node key in node.state_dir of -config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
 	resetState := fs.Bool("reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
 	newIdentity := fs.Bool("new-identity", false, "make a new node key where it is missing on a node that ran before (its peers must then trust the new public key)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError(err)
+	}
+	if fs.NArg() > 0 {
+		return usageError(fmt.Errorf("unexpected argument %q (every option is a -flag)", fs.Arg(0)))
 	}
 	if *version {
 		fmt.Println("infermeshd", agent.Version)
+		return nil
+	}
+	if *validate {
+		if *dev {
+			return usageError(errors.New("-validate checks -config; -dev has no config file"))
+		}
+		cfg, err := agent.LoadConfig(*configPath)
+		if err != nil {
+			return configError(err)
+		}
+		fmt.Printf("%s: valid (node %s, site %s, %d roles)\n", *configPath, cfg.Node.Name, cfg.Site, len(cfg.Roles))
 		return nil
 	}
 
@@ -73,19 +120,19 @@ func run(args []string) error {
 		chat.Port = *devPort
 		cfg.Roles["chat"] = chat
 		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("-dev-port: %w", err)
+			return usageError(fmt.Errorf("-dev-port: %w", err))
 		}
 	} else {
 		if cfg, err = agent.LoadConfig(*configPath); err != nil {
-			return err
+			return configError(err)
 		}
 	}
 	if *logLevel != "" {
 		cfg.Log.Level = *logLevel
 	}
-	log, err := newLogger(cfg.Log)
+	log, err := newLogger(cfg.Log, isTerminal(os.Stderr))
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 	defer func() { _ = log.Sync() }()
 
@@ -160,7 +207,7 @@ func run(args []string) error {
 func printNodeKey(configPath string) error {
 	cfg, err := agent.LoadConfig(configPath)
 	if err != nil {
-		return err
+		return configError(err)
 	}
 	key, _, err := identity.LoadOrCreateKey(filepath.Join(cfg.Node.StateDir, identity.NodeKeyFile))
 	if err != nil {
@@ -186,11 +233,16 @@ func tuneGC() {
 	}
 }
 
-func newLogger(c agent.LogConfig) (*zap.Logger, error) {
+// newLogger builds the logger of c. The console format colours levels
+// only on a terminal (tty): journald and files get plain text.
+func newLogger(c agent.LogConfig, tty bool) (*zap.Logger, error) {
 	var zc zap.Config
 	if c.Format == "console" {
 		zc = zap.NewDevelopmentConfig()
-		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalLevelEncoder
+		if tty {
+			zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 	} else {
 		zc = zap.NewProductionConfig()
 		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
@@ -206,4 +258,10 @@ func newLogger(c agent.LogConfig) (*zap.Logger, error) {
 	}
 	zc.DisableStacktrace = true
 	return zc.Build()
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -72,6 +73,10 @@ func TestDevModeServesAndStopsCleanly(t *testing.T) {
 				t.Fatal("infermeshd exited before printing the curl line")
 			}
 			found = strings.Contains(l, want)
+			// The console format colours only a terminal; stderr is a pipe.
+			if strings.Contains(l, "\x1b[") {
+				t.Errorf("log line on a pipe has ANSI colours: %q", l)
+			}
 		case <-deadline:
 			t.Fatalf("no %q line within 20s", want)
 		}
@@ -130,21 +135,40 @@ func TestConfigErrorsExitNonZero(t *testing.T) {
 	os.WriteFile(bad, []byte("node: {name: a}\nroles:\n  chat: {port: 1, upstrem: x}\n"), 0o600)
 	tests := []struct {
 		args []string
+		code int
 		want string
 	}{
-		{[]string{"-config", bad}, `line 3: unknown key "upstrem"`},
-		{[]string{"-config", filepath.Join(dir, "missing.yaml")}, "no such file"},
-		{[]string{"-dev", "-dev-port", "0"}, "roles.chat.port"},
-		{[]string{"-bogus"}, "flag provided but not defined"},
+		{[]string{"-config", bad}, exitConfig, `line 3: unknown key "upstrem"`},
+		{[]string{"-config", bad, "-validate"}, exitConfig, `line 3: unknown key "upstrem"`},
+		{[]string{"-config", filepath.Join(dir, "missing.yaml")}, exitConfig, "no such file"},
+		{[]string{"-dev", "-dev-port", "0"}, exitUsage, "roles.chat.port"},
+		{[]string{"-bogus"}, exitUsage, "flag provided but not defined"},
+		{[]string{"-config", bad, "extra"}, exitUsage, `unexpected argument "extra"`},
 	}
 	for _, tt := range tests {
 		out, err := exec.Command(bin, tt.args...).CombinedOutput()
-		if err == nil {
-			t.Errorf("%v: exit 0, want failure", tt.args)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != tt.code {
+			t.Errorf("%v: %v, want exit %d", tt.args, err, tt.code)
 		}
 		if !strings.Contains(string(out), tt.want) {
 			t.Errorf("%v: output %q, want it to mention %q", tt.args, out, tt.want)
 		}
+	}
+}
+
+// TestValidate: -validate accepts a good config without starting anything.
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	sock := filepath.Join(dir, "admin.sock")
+	os.WriteFile(good, []byte("node: {name: a, state_dir: "+dir+"}\nadmin: {socket: "+sock+"}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:9'}\n"), 0o600)
+	out, err := exec.Command(bin, "-validate", "-config", good).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "valid (node a, site default, 1 roles)") {
+		t.Errorf("-validate: %v, %q; want exit 0 and a line saying it is valid", err, out)
+	}
+	if _, err := os.Stat(sock); err == nil {
+		t.Error("-validate created the admin socket: it must not start the agent")
 	}
 }
 

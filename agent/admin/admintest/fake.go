@@ -26,6 +26,9 @@ type Fake struct {
 
 	// NoMesh makes the keyring answer ErrNotConfigured.
 	NoMesh bool
+	// NoInstances makes Instances answer ErrNotConfigured, as an agent
+	// without provisioning does.
+	NoInstances bool
 	// History is sent by Events before it waits for ctx.
 	History []admin.Event
 	// HistorySent, when set, is closed once Events has sent History.
@@ -199,14 +202,21 @@ func (f *Fake) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Keyri
 }
 
 // Events implements admin.Backend.
-func (f *Fake) Events(ctx context.Context, fn func(admin.Event) error) error {
-	for _, e := range f.History {
+func (f *Fake) Events(ctx context.Context, o admin.EventsOptions, fn func(admin.Event) error) error {
+	h := f.History
+	if o.Last > 0 && o.Last < len(h) {
+		h = h[len(h)-o.Last:]
+	}
+	for _, e := range h {
 		if err := fn(e); err != nil {
 			return err
 		}
 	}
 	if f.HistorySent != nil {
 		f.sentOnce.Do(func() { close(f.HistorySent) })
+	}
+	if !o.Follow {
+		return nil
 	}
 	<-ctx.Done()
 	return nil
@@ -225,9 +235,23 @@ func (f *Fake) Reload(_ context.Context, by admin.Caller) (admin.ReloadResult, e
 
 // Instances implements admin.Backend.
 func (f *Fake) Instances(context.Context) ([]admin.Instance, error) {
+	if f.NoInstances {
+		return nil, admin.Errorf(admin.ErrNotConfigured, "provisioning is not configured on this node (no role has an instance)")
+	}
 	return []admin.Instance{
 		{Role: "embed", State: "ready", Ref: "infermesh-default-a-embed-1", ContainerID: "0123456789ab", Endpoint: "127.0.0.1:32768", Image: "llama-server:local", Restarts: 1, Since: T0},
 	}, nil
+}
+
+// StopInstance implements admin.Backend: embed stops, anything else has no
+// instance.
+func (f *Fake) StopInstance(_ context.Context, by admin.Caller, role string) (admin.Instance, error) {
+	if role != "embed" {
+		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
+	}
+	f.record(by, "instance-stop %s", role)
+	return admin.Instance{Role: "embed", State: "failed", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
+		LastError: "stopped by the operator; `infermesh instances retry ROLE` starts it again"}, nil
 }
 
 // RetryInstance implements admin.Backend: embed is serving (a conflict),

@@ -1,0 +1,176 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Confirming deaths. The gossip key is shared by every node (consumer-scope
+// and revoked ones too, until the key rotates), and memberlist believes
+// any holder of it that says a peer is dead. So gossip saying a peer left
+// or died is a hint: before this node forgets what the peer advertised it
+// asks the peer itself, over the QUIC transport, whose connections are
+// pinned to the peer's node key. A peer that answers, and is not leaving,
+// keeps its adverts; the false death is audited and confirmed again every
+// ConfirmInterval for as long as gossip keeps saying it is gone.
+
+// Confirmer reaches a peer over an authenticated channel. ConfirmAlive
+// returns nil when node answered as itself (its pinned key) and is not
+// leaving the mesh; an error otherwise (unreachable, leaving, refused).
+// It must return when ctx ends and be safe for concurrent use.
+type Confirmer interface {
+	ConfirmAlive(ctx context.Context, node string) error
+}
+
+// AuditPeerDeathRefuted: gossip said a peer was gone, and the peer answered
+// over its authenticated QUIC connection; its adverts were kept.
+const AuditPeerDeathRefuted = "mesh.peer.death.refuted"
+
+// reasonFalseDeath counts gossip deaths the peer itself refuted (a key
+// holder lying, or gossip losing packets under load).
+const reasonFalseDeath = "false_death"
+
+// Defaults of confirmation.
+const (
+	DefaultConfirmTimeout  = 2 * time.Second
+	DefaultConfirmInterval = 5 * time.Second
+)
+
+var _ Confirmer = (*Transport)(nil)
+
+// SetConfirmer makes gossip deaths wait for c's confirmation before a
+// peer's adverts are forgotten (normally the Transport that uses this Mesh
+// as its directory). Without one, gossip alone decides.
+func (m *Mesh) SetConfirmer(c Confirmer) { m.confirmer.Store(&c) }
+
+// Leaving reports whether Leave was called: this node answers confirmation
+// probes as leaving, so its peers forget it at once.
+func (m *Mesh) Leaving() bool { return m.leaving.Load() }
+
+// peerGone handles gossip saying p left or died: forget it at once without
+// a confirmer, else confirm first (in the background: memberlist calls
+// NotifyLeave with its locks held).
+func (m *Mesh) peerGone(p *peer) {
+	cp := m.confirmer.Load()
+	if cp == nil || *cp == nil || !m.spawn(func() { m.confirmGone(*cp, p) }) {
+		m.forgetPeer(p, "gossip")
+	}
+}
+
+// confirmGone asks p over QUIC whether it is alive; a peer that answers is
+// kept and asked again every ConfirmInterval while gossip still says it is
+// gone (p is still the record in m.peers: a new alive replaced it).
+func (m *Mesh) confirmGone(c Confirmer, p *peer) {
+	first := true
+	for {
+		ctx, cancel := context.WithTimeout(m.ctx, m.cfg.ConfirmTimeout)
+		err := c.ConfirmAlive(ctx, p.name)
+		cancel()
+		if m.ctx.Err() != nil {
+			return
+		}
+		m.mu.RLock()
+		current := m.peers[p.name] == p
+		m.mu.RUnlock()
+		if !current {
+			return // back alive in gossip (or replaced): nothing to decide
+		}
+		if err != nil {
+			m.forgetPeer(p, "gossip, then quic: "+err.Error())
+			return
+		}
+		if first {
+			first = false
+			m.refusals.count(auditNodeRefused, p.name, "", reasonFalseDeath)
+			m.log.Warn("gossip says a peer is gone but it answers over QUIC; keeping its adverts", zap.String("peer", p.name))
+			m.auditMembership(AuditPeerDeathRefuted, p.name, map[string]string{
+				"evidence": "the peer answered over its authenticated QUIC connection",
+				"gossip":   "left or dead (gossip names no authenticated sender)",
+			})
+		}
+		t := time.NewTimer(m.cfg.ConfirmInterval)
+		select {
+		case <-m.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// forgetPeer forgets p and everything it advertised, unless a newer record
+// replaced it meanwhile. evidence says what decided it, for the audit.
+func (m *Mesh) forgetPeer(p *peer, evidence string) {
+	m.advMu.Lock()
+	defer m.advMu.Unlock()
+	m.mu.Lock()
+	if m.peers[p.name] != p {
+		m.mu.Unlock()
+		return
+	}
+	m.departed[p.name] = p
+	delete(m.peers, p.name)
+	delete(m.removed, p.name)
+	m.members.Store(int64(len(m.peers) + 1))
+	m.mu.Unlock()
+	m.forgetOriginLocked(p.name)
+	if m.sink != nil {
+		m.sink.RemoveNode(p.name)
+	}
+	m.log.Info("peer gone (left or declared dead)", zap.String("peer", p.name), zap.String("evidence", evidence))
+	m.auditMembership(AuditPeerGone, p.name, map[string]string{"evidence": evidence})
+}
+
+// spawn runs f in a goroutine owned by the Mesh (Close waits for it);
+// false when the Mesh is closed.
+func (m *Mesh) spawn(f func()) bool {
+	m.spawnMu.Lock()
+	defer m.spawnMu.Unlock()
+	if m.spawnClosed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// probePath is the transport's liveness probe: served before the peer
+// handler, to verified peers only.
+const probePath = "/.well-known/infermesh/alive"
+
+// ConfirmAlive asks node over QUIC (its pinned key) whether it is alive and
+// not leaving: it implements Confirmer.
+func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+node+probePath, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := t.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("%s answered %s", node, resp.Status)
+	}
+	return nil
+}
+
+// serveProbe answers ConfirmAlive: 204 while this node is in the mesh, 503
+// once it is leaving.
+func (t *Transport) serveProbe(w http.ResponseWriter) {
+	if t.cfg.Leaving != nil && t.cfg.Leaving() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
