@@ -271,6 +271,24 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	return n
 }
 
+// admitEachOther waits until the running nodes admit one another: a node
+// that hears a peer's advert before that peer admits it is refused by it
+// (not admitted), which most tests are not about.
+func (tm *testMesh) admitEachOther(names ...string) {
+	tm.t.Helper()
+	for _, x := range names {
+		for _, y := range names {
+			if x == y {
+				continue
+			}
+			waitFor(tm.t, x+" admits "+y, func() bool {
+				m := tm.nodes[x].agent.Mesh()
+				return m != nil && m.IsAdmitted(y)
+			})
+		}
+	}
+}
+
 // stop stops name's agent (gracefully) once.
 func (tm *testMesh) stop(name string) {
 	n := tm.nodes[name]
@@ -354,6 +372,7 @@ func TestRemoteRoleServedByPeerWithSDK(t *testing.T) {
 	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
 	tm.start("c", map[string]roleSpec{"other": {}}, false)
 	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	tm.admitEachOther("a", "b")
 
 	c := sdkClient(a.url("chat"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
