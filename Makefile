@@ -23,6 +23,8 @@ node-image:
 ## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
+	# the proxy suite again against net/http's server and client (proxy.server: std)
+	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./proxy
 
 ## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
 e2e:

@@ -157,6 +157,22 @@ type ProxyConfig struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// HealthInterval is how often static upstreams are probed. Default 2s.
 	HealthInterval time.Duration `yaml:"health_interval"`
+	// MaxBodyMemory bounds the memory of request bodies in flight, all
+	// role ports together; above it requests get 503 and Retry-After.
+	// Default 256 MiB.
+	MaxBodyMemory int64 `yaml:"max_body_memory"`
+	// MaxConns caps the client connections of all role ports together.
+	// Default: from the open-file limit, (limit - 256) / 2.
+	MaxConns int `yaml:"max_conns"`
+	// BodyTimeout bounds reading a request body. Default 60s.
+	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// Server selects the HTTP implementation of the role ports and of
+	// the client of local instances: infermesh (default, built for
+	// speed) or std (net/http's, the known-good fallback).
+	Server string `yaml:"server"`
+	// WriteTimeout bounds each write to a client (a client that stops
+	// reading a stream is cut after it). Default 60s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// AccessLog logs one line per request (logger "access", level info):
 	// request id, source, role, model, the node that served it, status,
 	// duration, time to first byte, bytes. Default true.
@@ -548,12 +564,27 @@ func (p *ProxyConfig) validate() error {
 	if p.MaxBodyBytes < 0 {
 		return fieldErr("proxy.max_body_bytes", "%d is negative", p.MaxBodyBytes)
 	}
+	if p.MaxBodyMemory < 0 {
+		return fieldErr("proxy.max_body_memory", "%d is negative", p.MaxBodyMemory)
+	}
+	if p.MaxBodyMemory > 0 && p.MaxBodyMemory < max(p.MaxBodyBytes, 16<<20) {
+		return fieldErr("proxy.max_body_memory", "%d is below max_body_bytes (%d): no body of that size could be read", p.MaxBodyMemory, max(p.MaxBodyBytes, 16<<20))
+	}
+	if p.MaxConns < 0 {
+		return fieldErr("proxy.max_conns", "%d is negative", p.MaxConns)
+	}
+	switch p.Server {
+	case "", "infermesh", "std":
+	default:
+		return fieldErr("proxy.server", "%q is not infermesh or std", p.Server)
+	}
 	for _, f := range []struct {
 		name string
 		d    time.Duration
 	}{
 		{"proxy.connect_timeout", p.ConnectTimeout}, {"proxy.upstream_timeout", p.UpstreamTimeout},
 		{"proxy.shutdown_timeout", p.ShutdownTimeout}, {"proxy.health_interval", p.HealthInterval},
+		{"proxy.body_timeout", p.BodyTimeout}, {"proxy.write_timeout", p.WriteTimeout},
 	} {
 		if f.d < 0 {
 			return fieldErr(f.name, "%v is negative", f.d)

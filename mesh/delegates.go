@@ -72,10 +72,31 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 }
 
 // NotifyJoin records an admitted peer.
-func (e *events) NotifyJoin(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	(*Mesh)(e).setGossipLive(n.Name, n.Address())
+	(*Mesh)(e).upsertPeer(n)
+}
 
 // NotifyUpdate records a peer's new meta.
-func (e *events) NotifyUpdate(n *memberlist.Node) { (*Mesh)(e).upsertPeer(n) }
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	(*Mesh)(e).setGossipLive(n.Name, n.Address())
+	(*Mesh)(e).upsertPeer(n)
+}
+
+// setGossipLive records memberlist's view of a peer: addr "" when gossip
+// says it left or died.
+func (m *Mesh) setGossipLive(name, addr string) {
+	if name == m.name {
+		return
+	}
+	m.mu.Lock()
+	if addr == "" {
+		delete(m.gossipLive, name)
+	} else {
+		m.gossipLive[name] = addr
+	}
+	m.mu.Unlock()
+}
 
 // NotifyLeave hears gossip say a peer left or was declared dead. Gossip is
 // not proof (any gossip key holder can say it): with a Confirmer the peer
@@ -86,6 +107,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	if n.Name == m.name {
 		return
 	}
+	m.setGossipLive(n.Name, "")
 	m.mu.RLock()
 	p := m.peers[n.Name]
 	m.mu.RUnlock()

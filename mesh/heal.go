@@ -202,14 +202,11 @@ func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(st
 	var live []seen
 	// Live as memberlist sees it: a peer kept because it answered over
 	// QUIC while gossip calls it dead still needs the gossip merged.
-	for _, n := range m.ml.Members() {
-		if n.Name == m.name || (n.State != memberlist.StateAlive && n.State != memberlist.StateSuspect) {
-			continue
-		}
-		liveAddr[n.Address()], liveName[n.Name] = true, true
-		live = append(live, seen{n.Name, n.Address()})
-	}
 	m.mu.RLock()
+	for name, addr := range m.gossipLive {
+		liveAddr[addr], liveName[name] = true, true
+		live = append(live, seen{name, addr})
+	}
 	t := m.trust
 	revoked := map[string]bool{}
 	for _, p := range m.departed {

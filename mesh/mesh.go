@@ -67,6 +67,11 @@ type Mesh struct {
 	// "no longer trusted". Bounded by the nodes ever seen.
 	departed map[string]*peer
 	removed  map[string]bool // peers whose adverts we dropped because they are no longer admitted
+	// gossipLive is memberlist's own view of the live peers (alive or
+	// suspect), name to gossip address, copied in its event callbacks:
+	// memberlist.Members' nodes are shared with its state goroutines and
+	// may not be read outside them.
+	gossipLive map[string]string
 
 	metaCache metaCache
 	refusals  refusals
@@ -126,6 +131,8 @@ func New(cfg Config) (*Mesh, error) {
 		peers:    map[string]*peer{},
 		departed: map[string]*peer{},
 		removed:  map[string]bool{},
+
+		gossipLive: map[string]string{},
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}

@@ -17,7 +17,7 @@ type APIError struct {
 	Param   string
 	Message string
 	// RetryAfter, when positive, is sent as Retry-After (seconds): the
-	// condition is expected to pass (an instance starting).
+	// condition is expected to pass (an instance starting, memory freed).
 	RetryAfter int
 }
 
@@ -57,6 +57,13 @@ func errNotFound(path string) *APIError {
 func errMethod(method string) *APIError {
 	return &APIError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
 		Message: "method " + method + " is not allowed here"}
+}
+
+// errBusy refuses a request whose body would take the proxy over its
+// bound on body memory in flight.
+func errBusy() *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "server_busy", RetryAfter: 1,
+		Message: "request bodies in flight are at the proxy's memory bound; retry shortly"}
 }
 
 func errTooLarge(limit int64) *APIError {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,12 +41,21 @@ func connectionNamed(h http.Header) []string {
 	return named
 }
 
+// MeshHeaders are the only request headers an app's request carries over
+// the mesh to a peer agent (and on to the peer's instance): an allowlist,
+// so credentials under any name (Authorization, Cookie, X-Api-Key,
+// Api-Key, ...) and anything else an app sends for this host alone never
+// leave it. The peer adds the framing headers itself.
+var MeshHeaders = []string{
+	"Accept", "Idempotency-Key", "Openai-Beta", "Traceparent", "Tracestate",
+	"User-Agent", "X-Idempotency-Key", "X-Request-Id",
+}
+
 // forwardable reports whether the header k may be forwarded: not
 // hop-by-hop (nor named by the Connection header, connNamed), not a
-// framing or routing header the proxy sets itself, and, with skipAuth, not
-// a credential meant for this hop only (an app's API key never leaves the
-// host).
-func forwardable(k string, connNamed []string, skipAuth bool) bool {
+// framing or routing header the proxy sets itself, and, with mesh, one of
+// MeshHeaders.
+func forwardable(k string, connNamed []string, mesh bool) bool {
 	for _, h := range hopHeaders {
 		if k == h {
 			return false
@@ -56,7 +66,7 @@ func forwardable(k string, connNamed []string, skipAuth bool) bool {
 			return false
 		}
 	}
-	if skipAuth && (k == "Authorization" || k == "Cookie") {
+	if mesh && !slices.Contains(MeshHeaders, k) {
 		return false
 	}
 	switch k {
@@ -67,12 +77,11 @@ func forwardable(k string, connNamed []string, skipAuth bool) bool {
 }
 
 // copyHeaders copies src into dst without hop-by-hop headers (including those
-// src's Connection header names). skipAuth drops credentials meant for this
-// hop only (an app's API key never leaves the host).
-func copyHeaders(dst, src http.Header, skipAuth bool) {
+// src's Connection header names). mesh keeps MeshHeaders only.
+func copyHeaders(dst, src http.Header, mesh bool) {
 	connNamed := connectionNamed(src)
 	for k, vv := range src {
-		if forwardable(k, connNamed, skipAuth) {
+		if forwardable(k, connNamed, mesh) {
 			dst[k] = vv
 		}
 	}
@@ -294,7 +303,7 @@ func (p *Proxy) roundTripLocal(r *http.Request, body []byte, c placement.Candida
 	} else {
 		out.b = append(out.b[:0], body...)
 	}
-	if !in.direct {
+	if !in.direct || p.cfg.Server == ServerStd {
 		bu := in.u
 		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
 		return p.local.RoundTrip(p.outRequest(r, u, out, false))
@@ -505,7 +514,7 @@ func copySSE(w io.Writer, rc *http.ResponseController, src io.Reader, asked []by
 	out := (*bp)[:0]
 	defer func() {
 		if cap(out) <= 64<<10 {
-			*bp = out[:0]
+			*bp = out[:cap(out)] // copyFlush reads into the whole slice
 		}
 		streamBufPool.Put(bp)
 	}()

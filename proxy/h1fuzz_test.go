@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bufio"
-	"bytes"
 	"io"
 	"testing"
 )
@@ -23,16 +21,8 @@ func FuzzH1ParseRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := newH1Server(nil, h1Config{MaxHeaderBytes: 1 << 10})
-		c := &h1Conn{
-			s:          s,
-			br:         bufio.NewReaderSize(bytes.NewReader(data), 64),
-			bw:         bufio.NewWriter(io.Discard),
-			remoteAddr: "127.0.0.1:1",
-			hdr:        map[string][]string{},
-		}
-		c.body.c = c
-		c.resp.c = c
+		c := newFuzzConn(data, 64)
+		c.s.cfg.MaxHeaderBytes = 1 << 10
 		for i := 0; i < 3; i++ { // a few requests, as on a kept-alive connection
 			r, herr := c.readRequest()
 			if herr != nil {

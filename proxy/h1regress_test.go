@@ -193,7 +193,9 @@ func TestUpstreamResponseTrailerBounded(t *testing.T) {
 // that sends its whole body before reading (as the SDKs do) reads the 413
 // instead of a reset.
 func Test413WithoutReset(t *testing.T) {
-	e := newEnv(t, Config{MaxBodyBytes: 1 << 20})
+	// h1Server's lingering close; net/http's server resets such a client
+	// (its test run with proxy.server std fails here: measured).
+	e := newEnv(t, Config{MaxBodyBytes: 1 << 20, Server: ServerInfermesh})
 	e.demo(0)
 	const size = 48 << 20
 	addr := strings.TrimPrefix(e.url, "http://")
@@ -323,5 +325,31 @@ func TestSSEOneEventOneWrite(t *testing.T) {
 	}
 	if len(w.writes) != len(events) {
 		t.Errorf("%d writes for %d events: %q", len(w.writes), len(events), w.writes)
+	}
+}
+
+// TestSSEPoolBufferIntact: the relay hands its buffer back whole, so a
+// stream copy taking it next still reads (a zero-length buffer read
+// nothing, forever).
+func TestSSEPoolBufferIntact(t *testing.T) {
+	for range 10 {
+		w := httptest.NewRecorder()
+		if _, err := copySSE(w, http.NewResponseController(w), strings.NewReader("data: {\"model\":\"m\"}\n\n"), []byte(`"c"`), true); err != nil {
+			t.Fatal(err)
+		}
+		w2 := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = copyFlush(w2, http.NewResponseController(w2), strings.NewReader("abc"), true)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream copy after the SSE relay read nothing")
+		}
+		if w2.Body.String() != "abc" {
+			t.Fatalf("copied %q, want abc", w2.Body.String())
+		}
 	}
 }

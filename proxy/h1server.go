@@ -72,11 +72,25 @@ type h1Config struct {
 	// watched for a client disconnect. Default 20ms; negative watches at
 	// once.
 	WatchDelay time.Duration
+	// BodyTimeout bounds reading a request body, and draining what the
+	// handler left of one. Default 60s.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds each write to the client (a stalled reader
+	// fails its stream after it). Default 60s.
+	WriteTimeout time.Duration
+	// Conns caps the connections, shared with other servers; nil: no cap.
+	Conns *connLimiter
 	// Logger; nil is a no-op logger.
 	Logger *zap.Logger
 }
 
 func (c *h1Config) fill() {
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = 60 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 60 * time.Second
+	}
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 10 * time.Second
 	}
@@ -138,6 +152,9 @@ func (s *h1Server) Serve(ln net.Listener) error {
 			continue
 		}
 		backoff = 0
+		if !s.admit(nc) {
+			continue
+		}
 		c := newH1Conn(s, nc)
 		s.mu.Lock()
 		if s.stopping.Load() {
@@ -149,6 +166,43 @@ func (s *h1Server) Serve(ln net.Listener) error {
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go c.serve()
+	}
+}
+
+// admit counts nc against the connection cap. Near the cap it closes idle
+// connections early, to make room; at it, nc is answered 503 and closed.
+func (s *h1Server) admit(nc net.Conn) bool {
+	l := s.cfg.Conns
+	if l == nil {
+		return true
+	}
+	if l.near() {
+		s.reapIdle(2) // more than the one arriving, so the count goes down
+	}
+	if l.acquire() {
+		return true
+	}
+	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = nc.Write(tooManyConns)
+	nc.Close()
+	return false
+}
+
+// reapIdle closes up to n connections waiting for a request.
+func (s *h1Server) reapIdle(n int) {
+	var idle []*h1Conn
+	s.mu.Lock()
+	for c := range s.conns {
+		if len(idle) == n {
+			break
+		}
+		if c.state.CompareAndSwap(connIdle, connClosed) {
+			idle = append(idle, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
 	}
 }
 
@@ -190,10 +244,11 @@ func (s *h1Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// closeIdle closes the connections waiting for a request and returns how
-// many are still serving one.
+// closeIdle closes the connections waiting for a request, lingering, or
+// still sending a request body (a stalled body would hold Shutdown for
+// its whole timeout), and returns how many are still serving a request.
 func (s *h1Server) closeIdle() int {
-	var idle []*h1Conn
+	var idle, inBody []*h1Conn
 	busy := 0
 	s.mu.Lock()
 	for c := range s.conns {
@@ -202,11 +257,17 @@ func (s *h1Server) closeIdle() int {
 			idle = append(idle, c)
 		case c.state.Load() == connActive:
 			busy++
+			if c.inBody.Load() {
+				inBody = append(inBody, c)
+			}
 		}
 	}
 	s.mu.Unlock()
 	for _, c := range idle {
 		c.nc.Close()
+	}
+	for _, c := range inBody {
+		c.abort()
 	}
 	return busy
 }
@@ -262,6 +323,7 @@ type h1Conn struct {
 	br         *bufio.Reader
 	bw         *bufio.Writer
 	state      atomic.Int32
+	inBody     atomic.Bool // the handler may be waiting for request body bytes
 	remoteAddr string
 
 	// Per request, reused.
@@ -290,7 +352,7 @@ func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
 		s:          s,
 		nc:         nc,
 		br:         bufio.NewReaderSize(nc, connReadBufSize),
-		bw:         bufio.NewWriterSize(nc, connWriteBufSize),
+		bw:         bufio.NewWriterSize(deadlineConn{nc, s.cfg.WriteTimeout}, connWriteBufSize),
 		remoteAddr: nc.RemoteAddr().String(),
 		hdr:        make(http.Header, 16),
 		vals:       make([]string, 0, 16),
@@ -326,6 +388,9 @@ func (c *h1Conn) serve() {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
+		if s.cfg.Conns != nil {
+			s.cfg.Conns.release()
+		}
 		s.wg.Done()
 	}()
 	for {
@@ -360,7 +425,13 @@ func (c *h1Conn) serveRequest() bool {
 		}
 		return false
 	}
-	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.body.mode == framingNone {
+		_ = c.nc.SetReadDeadline(time.Time{})
+	} else {
+		// The body has its own bound; bodyFinished clears it.
+		_ = c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
+		c.inBody.Store(true)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	// WithContext inlines here, so its copy stays off the heap.
@@ -384,6 +455,7 @@ func (c *h1Conn) serveRequest() bool {
 	w := &c.resp
 	w.reset(r)
 	panicked := c.runHandler(w, r)
+	c.inBody.Store(false)
 	gone := c.endWatch()
 	cancel()
 	if panicked || gone {
@@ -399,6 +471,7 @@ func (c *h1Conn) serveRequest() bool {
 			c.lingerClose()
 			return false
 		}
+		_ = c.nc.SetReadDeadline(time.Now().Add(min(c.s.cfg.BodyTimeout, lingerTimeout)))
 		if !c.body.drain() {
 			c.lingerClose()
 			return false
@@ -471,6 +544,8 @@ func (c *h1Conn) watchSoon() {
 // bodyFinished is called by the body reader at the end of the body; it is
 // the last thing the body reader does with the connection's reader.
 func (c *h1Conn) bodyFinished() {
+	c.inBody.Store(false)
+	_ = c.nc.SetReadDeadline(time.Time{})
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.bodyDone = true

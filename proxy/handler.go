@@ -264,6 +264,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type bodyBuf struct {
 	b    []byte
 	refs atomic.Int32
+	mem  *memBudget // what b's growth was charged to; nil: not charged
+	held int64
 }
 
 var bodyPool = sync.Pool{New: func() any { return &bodyBuf{b: make([]byte, 0, 4096)} }}
@@ -279,6 +281,10 @@ func (b *bodyBuf) retain() { b.refs.Add(1) }
 func (b *bodyBuf) release() {
 	if b.refs.Add(-1) != 0 {
 		return
+	}
+	if b.mem != nil {
+		b.mem.give(b.held)
+		b.mem, b.held = nil, 0
 	}
 	if cap(b.b) <= 1<<20 {
 		b.b = b.b[:0]
@@ -316,20 +322,70 @@ func (r *bufReader) Close() error {
 	return nil
 }
 
-// readBody reads the whole request body within the configured limit.
+// memBudget bounds the memory held by request bodies in flight across
+// the proxy. Safe for concurrent use.
+type memBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// take charges n bytes, or reports that they would exceed the bound.
+func (m *memBudget) take(n int64) bool {
+	if m.used.Add(n) > m.max {
+		m.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (m *memBudget) give(n int64) { m.used.Add(-n) }
+
+// bodyFree is the part of each body not charged to the memory bound: a
+// flood of large bodies holding the bound cannot lock out ordinary
+// requests, whose memory the connection cap bounds instead.
+const bodyFree = 64 << 10
+
+// charge charges buf's growth to its capacity c against m (past bodyFree).
+func (buf *bodyBuf) charge(m *memBudget, c int) bool {
+	if d := int64(c-bodyFree) - buf.held; d > 0 {
+		if !m.take(d) {
+			return false
+		}
+		buf.mem = m
+		buf.held += d
+	}
+	return true
+}
+
+// readBody reads the whole request body within the configured limit. The
+// buffer grows as bytes arrive, never to a declared length up front (a
+// client may declare 16 MiB and send one byte), and every growth is
+// charged to the proxy's body memory bound: above it the request is
+// refused with 503 and Retry-After.
 func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 	limit := p.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, errTooLarge(limit)
 	}
 	buf := getBodyBuf()
-	if n := r.ContentLength; n > 0 && int64(cap(buf.b)) < n {
-		buf.b = make([]byte, 0, n)
+	if cap(buf.b) > bodyFree {
+		buf.b = make([]byte, 0, 4096) // a big pooled buffer would be charged before any byte came
 	}
 	b := buf.b[:0]
 	for {
 		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
+			c := max(2*cap(b), 4096)
+			if cl := r.ContentLength; cl > int64(len(b)) && int64(c) > cl {
+				c = int(cl) // the declared length, once bytes came near it
+			}
+			if !buf.charge(p.bodyMem, c) {
+				buf.b = b
+				buf.release()
+				return nil, errBusy()
+			}
+			nb := make([]byte, len(b), c)
+			copy(nb, b)
+			b = nb
 		}
 		n, err := r.Body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -347,6 +403,9 @@ func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				return nil, errTooLarge(limit)
+			}
+			if isTimeout(err) {
+				return nil, &APIError{Status: http.StatusRequestTimeout, Type: typeInvalidRequest, Code: "request_timeout", Message: "the request body did not arrive in time"}
 			}
 			return nil, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "body_read_failed", Message: "reading request body: " + err.Error()}
 		}

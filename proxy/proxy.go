@@ -73,6 +73,31 @@ type Config struct {
 	// MaxIdleConnsPerUpstream sizes the keep-alive pool to each instance.
 	// Default 512.
 	MaxIdleConnsPerUpstream int
+	// MaxBodyMemory bounds the memory held by request bodies in flight,
+	// all role ports together; a request that would go over it is refused
+	// with 503 and Retry-After. Default 256 MiB.
+	MaxBodyMemory int64
+	// MaxConns bounds the client connections of all role ports together.
+	// Near it, idle connections are closed early; at it, new connections
+	// are answered 503 and closed. Default: half of what the open-file
+	// limit leaves after a reserve of fdReserve descriptors (a proxied
+	// request holds two), so the admin socket, the mesh and the instances
+	// always have descriptors left.
+	MaxConns int
+	// Server selects the HTTP implementation of the role ports and of the
+	// client of local instances: ServerInfermesh (default; h1Server and
+	// upstreamClient, built for speed) or ServerStd (net/http's server and
+	// http.Transport, the known-good fallback). Both keep the same bounds.
+	Server string
+	// HeaderTimeout bounds reading a request head once its first byte
+	// arrived. Default 10s.
+	HeaderTimeout time.Duration
+	// BodyTimeout bounds reading a request body (and draining what a
+	// handler left of one). Default 60s.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds each write to a client, so a client that stops
+	// reading (a stalled stream) frees its instance. Default 60s.
+	WriteTimeout time.Duration
 	// Observer receives per-request measurements. Nil: none.
 	Observer Observer
 	// PinnedModel names the model role's own instance serves (the config's
@@ -99,6 +124,10 @@ func DefaultConfig() Config {
 		ConnectTimeout:          2 * time.Second,
 		UpstreamTimeout:         5 * time.Minute,
 		MaxIdleConnsPerUpstream: 512,
+		MaxBodyMemory:           256 << 20,
+		MaxConns:                defaultMaxConns(),
+		BodyTimeout:             60 * time.Second,
+		WriteTimeout:            60 * time.Second,
 	}
 }
 
@@ -122,6 +151,34 @@ func (c *Config) fill() error {
 	if c.MaxIdleConnsPerUpstream <= 0 {
 		c.MaxIdleConnsPerUpstream = d.MaxIdleConnsPerUpstream
 	}
+	if c.MaxBodyMemory < 0 || c.MaxConns < 0 {
+		return fmt.Errorf("proxy config: MaxBodyMemory %d and MaxConns %d must not be negative", c.MaxBodyMemory, c.MaxConns)
+	}
+	if c.MaxBodyMemory == 0 {
+		c.MaxBodyMemory = d.MaxBodyMemory
+	}
+	if c.MaxBodyMemory < c.MaxBodyBytes {
+		return fmt.Errorf("proxy config: MaxBodyMemory %d is below MaxBodyBytes %d", c.MaxBodyMemory, c.MaxBodyBytes)
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = d.BodyTimeout
+	}
+	if c.HeaderTimeout <= 0 {
+		c.HeaderTimeout = 10 * time.Second
+	}
+	switch c.Server {
+	case "":
+		c.Server = ServerInfermesh
+	case ServerInfermesh, ServerStd:
+	default:
+		return fmt.Errorf("proxy config: Server %q is not %q or %q", c.Server, ServerInfermesh, ServerStd)
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = d.WriteTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -134,11 +191,13 @@ func (c *Config) fill() error {
 // Proxy is the set of loopback role listeners plus the forwarding core they
 // share.
 type Proxy struct {
-	cfg   Config
-	up    *upstreamClient // plain-http local instances (the hot path)
-	local *http.Transport // local instances with other schemes
-	log   *zap.Logger
-	busy  busyCounts // requests at the local instance, per role
+	cfg     Config
+	up      *upstreamClient // plain-http local instances (the hot path)
+	local   *http.Transport // local instances with other schemes
+	log     *zap.Logger
+	busy    busyCounts   // requests at the local instance, per role
+	bodyMem *memBudget   // request bodies in flight
+	conns   *connLimiter // client connections of every role port
 
 	mu      sync.Mutex
 	servers map[string]*roleServer // by role
@@ -148,7 +207,7 @@ type Proxy struct {
 type roleServer struct {
 	role string
 	ln   net.Listener
-	srv  *h1Server
+	srv  httpServer
 	done chan struct{}
 }
 
@@ -171,7 +230,11 @@ func New(cfg Config) (*Proxy, error) {
 		ReadBufferSize:        16 << 10,
 	}
 	up := newUpstreamClient(cfg.ConnectTimeout, cfg.UpstreamTimeout, cfg.MaxIdleConnsPerUpstream)
-	return &Proxy{cfg: cfg, up: up, local: tr, log: cfg.Logger, servers: map[string]*roleServer{}}, nil
+	return &Proxy{
+		cfg: cfg, up: up, local: tr, log: cfg.Logger, servers: map[string]*roleServer{},
+		bodyMem: &memBudget{max: cfg.MaxBodyMemory},
+		conns:   &connLimiter{max: int64(cfg.MaxConns)},
+	}, nil
 }
 
 // ErrClosed is returned by Listen after Shutdown.
@@ -211,12 +274,20 @@ func (p *Proxy) listen(key, addr string, h http.Handler) (net.Addr, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	rs := &roleServer{role: key, ln: ln, done: make(chan struct{})}
-	rs.srv = newH1Server(h, h1Config{
-		ReadHeaderTimeout: 10 * time.Second,
+	hcfg := h1Config{
+		ReadHeaderTimeout: p.cfg.HeaderTimeout,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
+		BodyTimeout:       p.cfg.BodyTimeout,
+		WriteTimeout:      p.cfg.WriteTimeout,
+		Conns:             p.conns,
 		Logger:            p.log.Named("http"),
-	})
+	}
+	if p.cfg.Server == ServerStd {
+		rs.srv = newStdServer(h, hcfg)
+	} else {
+		rs.srv = newH1Server(h, hcfg)
+	}
 	p.servers[key] = rs
 	go func() {
 		defer close(rs.done)

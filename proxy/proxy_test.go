@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +47,11 @@ func newEnv(t testing.TB, cfg Config) *env {
 	}
 	if cfg.Peers == nil {
 		cfg.Peers = table
+	}
+	if cfg.Server == "" {
+		// INFERMESH_PROXY_SERVER=std runs the suite against net/http's
+		// server and client (make test runs it both ways).
+		cfg.Server = os.Getenv("INFERMESH_PROXY_SERVER")
 	}
 	p, err := New(cfg)
 	if err != nil {

@@ -263,7 +263,8 @@ func TestUpstreamPoolBounded(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 		}
 	})
-	e := newEnv(t, Config{MaxIdleConnsPerUpstream: 2})
+	// The pool is upstreamClient's own (http.Transport keeps its own).
+	e := newEnv(t, Config{MaxIdleConnsPerUpstream: 2, Server: ServerInfermesh})
 	e.register(up.url(), "m")
 	var wg sync.WaitGroup
 	for range 4 {

@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// fdReserve is how many file descriptors the connection cap leaves to the
+// rest of the agent (the admin socket, the mesh, state files, dials).
+const fdReserve = 256
+
+// defaultMaxConns derives the connection cap from the open-file limit: a
+// proxied request holds two descriptors (the client's, the instance's).
+func defaultMaxConns() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 1024
+	}
+	n := (int64(min(rl.Cur, 1<<20)) - fdReserve) / 2
+	return int(min(max(n, 64), 32768))
+}
+
+// connLimiter counts client connections against a cap. Safe for
+// concurrent use.
+type connLimiter struct {
+	max  int64
+	open atomic.Int64
+}
+
+// acquire counts a new connection, or reports that the cap is reached.
+func (l *connLimiter) acquire() bool {
+	if l.open.Add(1) > l.max {
+		l.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *connLimiter) release() { l.open.Add(-1) }
+
+// near reports whether the open connections are within a tenth of the cap:
+// time to close idle ones early.
+func (l *connLimiter) near() bool { return l.open.Load()*10 >= l.max*9 }
+
+// deadlineConn gives every Write a fresh deadline, so a client that stops
+// reading fails the write after d instead of holding its stream (and the
+// instance's slot) forever. Caddy wraps its conns the same way.
+type deadlineConn struct {
+	net.Conn
+	d time.Duration
+}
+
+func (c deadlineConn) Write(p []byte) (int, error) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.d))
+	return c.Conn.Write(p)
+}
+
+// CloseWrite half-closes when the wrapped connection can.
+func (c deadlineConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// tooManyConns is the answer to a connection over the cap.
+var tooManyConns = func() []byte {
+	body := `{"error":{"message":"the proxy is at its connection limit; retry shortly","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
