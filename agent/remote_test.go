@@ -201,7 +201,10 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for _, other := range tm.order {
 		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
 	}
-	fmt.Fprintf(&b, "proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
+	// connect_timeout bounds a QUIC handshake too: 5s, as a loaded machine
+	// under -race can take over a second for one (a dead peer is found by
+	// the transport's short idle timeout, not by this bound).
+	fmt.Fprintf(&b, "proxy: {connect_timeout: 5s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
