@@ -37,7 +37,7 @@ test-short:
 bench: build
 	bash bench/run.sh
 
-## bench-quick: the same harness in under a minute (CI keeps it working; asserts no speed)
+## bench-quick: the same harness, shorter (CI keeps it working; asserts no speed)
 bench-quick: build
 	BENCH_QUICK=1 bash bench/run.sh
 

@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CONTENDERS=(direct infermesh infermesh_quic nginx haproxy)
+CONTENDERS=(direct infermesh infermesh_quic nginx nginx_tls haproxy)
 [ -z "${BENCH_COMPARE:-}" ] || CONTENDERS+=(infermesh_before)
 
 QUICK=${BENCH_QUICK:-0}
@@ -58,10 +58,12 @@ ulimit -Hn 65536 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge 10000 ] || log "warning: ulimit -n is $(ulimit -n); 4096 concurrent streams need ~10000"
 
-# nginx and haproxy from Debian's packages when missing.
+# nginx, haproxy and valgrind (instruction counts) from Debian's packages
+# when missing.
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -76,15 +78,16 @@ GO=${GO:-go}
 $GO build -o "$WORK/loadgen" ./bench/loadgen
 LOADGEN=$WORK/loadgen
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 25)
+mapfile -t PORTS < <("$LOADGEN" -free-ports 32)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
 # wait_http <url> [body]: until the URL answers 200 (POST when a body is
 # given); gives up after 10 s or as soon as the last started process exits.
+WAIT_TRIES=100 # x 0.1 s; more while the contenders run under valgrind
 wait_http() {
   local url=$1 body=${2:-} i
-  for i in $(seq 1 100); do
+  for i in $(seq 1 "$WAIT_TRIES"); do
     [ -z "$LAST_PID" ] || kill -0 "$LAST_PID" 2>/dev/null || return 1
     if [ -n "$body" ]; then
       curl -fsS -o /dev/null -m 2 "$url" -H 'Content-Type: application/json' -d "$body" 2>/dev/null && return 0
@@ -98,11 +101,14 @@ wait_http() {
 chat_body() { printf '{"model":"%s","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}' "$1"; }
 
 # start <name> <cmd...>: run in the background, output to $WORK/<name>.log.
+# WRAP is a command prefix for contenders (the instruction count runs
+# them under callgrind).
 LAST_PID=
+WRAP=()
 start() {
   local name=$1
   shift
-  "$@" >"$WORK/$name.log" 2>&1 &
+  "${WRAP[@]}" "$@" >"$WORK/$name.log" 2>&1 &
   LAST_PID=$!
   PIDS+=("$LAST_PID")
 }
@@ -120,7 +126,9 @@ done
 ENTRIES=()
 # entry <name> <desc> <fast addr> <fast model> <stream addr> <stream model> <many addr> <many model> <pids>
 # (pids: comma-separated; their RSS is summed)
+# (LAST_ADDR, LAST_MODEL and LAST_PIDS keep its fast address, model and pids.)
 entry() {
+  LAST_ADDR=$3 LAST_MODEL=$4 LAST_PIDS=$9
   ENTRIES+=("$(printf '{"name":"%s","desc":"%s","fast":{"addr":"%s","model":"%s"},"stream":{"addr":"%s","model":"%s"},"many":{"addr":"%s","model":"%s"},"pids":[%s]}' "$@")")
 }
 # missing <name> <desc> <why>
@@ -170,6 +178,7 @@ contender_infermesh_quic() {
   local d=$WORK/quic pa=(15 16 17) pb=(18 19 20) ka kb pid_a pid_b role i
   local a_gossip=127.0.0.1:$(port 21) a_quic=127.0.0.1:$(port 22)
   local b_gossip=127.0.0.2:$(port 23) b_quic=127.0.0.2:$(port 24)
+  rm -rf "$d" # started twice: under callgrind, then for the timed runs
   mkdir -p "$d/a" "$d/b"
   ka=$(bin/infermesh keygen --state-dir "$d/a" | head -1) || die "infermesh keygen for a failed"
   kb=$(bin/infermesh keygen --state-dir "$d/b" | head -1) || die "infermesh keygen for b failed"
@@ -203,10 +212,10 @@ EOF
   pid_b=$LAST_PID
   # Until A routes every role to B (B joined, admitted, advertised).
   for role in chat stream many; do
-    for i in $(seq 1 150); do
+    for i in $(seq 1 $((WAIT_TRIES * 3 / 2))); do
       kill -0 "$pid_a" 2>/dev/null && kill -0 "$pid_b" 2>/dev/null || die "an infermesh-quic agent exited (see $WORK/infermesh-quic-[ab].log)"
       bin/infermesh --socket "$d/a/admin.sock" --json route "$role" 2>/dev/null | grep -q '"serving": *"b"' && break
-      [ "$i" -lt 150 ] || die "infermesh-quic: a does not route $role to b after 15 s (see $WORK/infermesh-quic-[ab].log; BENCH_KEEP=1 keeps them)"
+      [ "$i" -lt $((WAIT_TRIES * 3 / 2)) ] || die "infermesh-quic: a does not route $role to b after $((WAIT_TRIES * 3 / 20)) s (see $WORK/infermesh-quic-[ab].log; BENCH_KEEP=1 keeps them)"
       sleep 0.1
     done
   done
@@ -225,7 +234,12 @@ contender_nginx() {
   # One worker, a keep-alive pool to each upstream, no request limit per
   # connection (nginx closes keep-alive connections after 1000 requests by
   # default), no buffering of streams.
+  # Under callgrind nginx runs as one process (master_process off): a worker
+  # that dropped privileges cannot be reached by valgrind's vgdb.
+  local single=
+  [ ${#WRAP[@]} -eq 0 ] || single="master_process off;"
   cat >"$d/nginx.conf" <<EOF
+$single
 worker_processes 1;
 worker_rlimit_nofile 20000;
 daemon off;
@@ -254,9 +268,94 @@ EOF
   start nginx nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log"
   local master=$LAST_PID worker=
   wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body demo)" || die "nginx did not start (see $d/error.log)"
-  worker=$(pgrep -P "$master" | head -1)
+  worker=$(pgrep -P "$master" | head -1 || true)
+  [ -z "$single" ] || worker=$master
   entry nginx "nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, keep-alive upstream pool" \
     "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "${worker:-0}"
+}
+
+# The remote hop done with well-known parts, the anchor for infermesh-quic:
+# nginx "a" (127.0.0.1) proxies over TLS 1.3 with a client certificate to
+# nginx "b" (127.0.0.2), which checks it and proxies to the upstreams; both
+# keep their upstream connections alive (a's TLS sessions too). One worker
+# each, as the nginx row; RSS is a + b.
+contender_nginx_tls() {
+  local d=$WORK/nginx-tls pa=(25 26 27) pb=(28 29 30) side i
+  local -a up=("127.0.0.1:$P_FAST" "127.0.0.1:$P_STREAM" "127.0.0.1:$P_MANY")
+  rm -rf "$d"
+  mkdir -p "$d/a/tmp" "$d/b/tmp"
+  # A private CA, b's server certificate (for the name b.bench) and a's client
+  # certificate, ECDSA P-256.
+  (
+    cd "$d"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench-ca \
+      -keyout ca.key -out ca.crt
+    for side in a b; do
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$side" -keyout "$side.key" -out "$side.csr"
+    done
+    printf 'subjectAltName=DNS:b.bench\nextendedKeyUsage=serverAuth\n' >b.ext
+    printf 'extendedKeyUsage=clientAuth\n' >a.ext
+    for side in a b; do
+      openssl x509 -req -in "$side.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile "$side.ext" -out "$side.crt"
+    done
+  ) >"$d/openssl.log" 2>&1 || die "nginx-tls: certificates (see $d/openssl.log)"
+  local common="worker_processes 1;
+worker_rlimit_nofile 20000;
+daemon off;
+events { worker_connections 10000; }"
+  [ ${#WRAP[@]} -eq 0 ] || common="master_process off;
+$common"
+  nginx_http() { # <dir>
+    echo "access_log off; client_body_temp_path $1/tmp/body; proxy_temp_path $1/tmp/proxy; fastcgi_temp_path $1/tmp/fastcgi; uwsgi_temp_path $1/tmp/uwsgi; scgi_temp_path $1/tmp/scgi;
+  keepalive_requests 10000000; keepalive_timeout 120s; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off;"
+  }
+  {
+    echo "$common"
+    echo "pid $d/b/nginx.pid; error_log $d/b/error.log warn;"
+    echo "http { $(nginx_http "$d/b")"
+    for i in 0 1 2; do
+      echo "  upstream u$i { server ${up[$i]}; keepalive 128; keepalive_requests 10000000; }"
+      echo "  server { listen 127.0.0.2:$(port "${pb[$i]}") ssl backlog=4096; ssl_protocols TLSv1.3;
+    ssl_certificate $d/b.crt; ssl_certificate_key $d/b.key;
+    ssl_client_certificate $d/ca.crt; ssl_verify_client on;
+    location / { proxy_pass http://u$i; } }"
+    done
+    echo "}"
+  } >"$d/b/nginx.conf"
+  {
+    echo "$common"
+    echo "pid $d/a/nginx.pid; error_log $d/a/error.log warn;"
+    echo "http { $(nginx_http "$d/a")"
+    for i in 0 1 2; do
+      echo "  upstream b$i { server 127.0.0.2:$(port "${pb[$i]}"); keepalive 128; keepalive_requests 10000000; }"
+      echo "  server { listen 127.0.0.1:$(port "${pa[$i]}") backlog=4096;
+    location / { proxy_pass https://b$i;
+      proxy_ssl_protocols TLSv1.3; proxy_ssl_session_reuse on;
+      proxy_ssl_certificate $d/a.crt; proxy_ssl_certificate_key $d/a.key;
+      proxy_ssl_trusted_certificate $d/ca.crt; proxy_ssl_verify on; proxy_ssl_name b.bench; } }"
+    done
+    echo "}"
+  } >"$d/a/nginx.conf"
+  local pids=() side master worker
+  for side in b a; do
+    start "nginx-tls-$side" nginx -p "$d/$side" -c "$d/$side/nginx.conf" -e "$d/$side/error.log"
+    master=$LAST_PID
+    if [ "$side" = b ]; then
+      for i in $(seq 1 "$WAIT_TRIES"); do
+        kill -0 "$master" 2>/dev/null || die "nginx-tls b did not start (see $d/b/error.log)"
+        [ -s "$d/b/nginx.pid" ] && break
+        sleep 0.1
+      done
+    else
+      wait_http "http://127.0.0.1:$(port "${pa[0]}")/v1/chat/completions" "$(chat_body demo)" || die "nginx-tls did not answer through b (see $d/[ab]/error.log)"
+    fi
+    worker=$(pgrep -P "$master" | head -1 || true)
+    [ ${#WRAP[@]} -eq 0 ] || worker=$master
+    pids+=("${worker:-0}")
+  done
+  entry nginx-tls "nginx a -> TLS 1.3 with client certificates -> nginx b -> upstream; RSS is a + b" \
+    "127.0.0.1:$(port "${pa[0]}")" demo "127.0.0.1:$(port "${pa[1]}")" demo "127.0.0.1:$(port "${pa[2]}")" demo "${pids[1]},${pids[0]}"
+  ENTRIES[-1]="${ENTRIES[-1]%\}}"',"pid_names":["a","b"]}'
 }
 
 contender_haproxy() {
@@ -304,6 +403,59 @@ EOF
     "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "$pid"
 }
 
+# --- instructions per request ---------------------------------------------
+# Each proxy (not direct) is started alone under valgrind's callgrind, warmed
+# with 200 requests, its counters zeroed, sent INSTR_N small completions at
+# c=1 over one connection (loadgen -fixed), and its counters dumped: the
+# instructions its processes executed for them, whatever else the host was
+# doing. Go programs run with GODEBUG=asyncpreemptoff=1 (callgrind aborts
+# on the signals of Go's asynchronous preemption). Then it is stopped; the
+# timed runs below start every contender afresh. The quick mode counts
+# infermesh and nginx only, over fewer requests.
+INSTR_N=2000
+[ "$QUICK" = 1 ] && INSTR_N=300
+INSTR=()
+count_instructions() {
+  local c=$1 first=${#PIDS[@]} pids p total i
+  mkdir -p "$WORK/cg"
+  WRAP=(env GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --trace-children=yes "--callgrind-out-file=$WORK/cg/%p.out")
+  WAIT_TRIES=1200
+  "contender_$c"
+  WRAP=() WAIT_TRIES=100
+  IFS=, read -ra pids <<<"$LAST_PIDS"
+  "$LOADGEN" -fixed 200 -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: warm-up failed"
+  for p in "${pids[@]}"; do callgrind_control -z "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -z $p ($c) failed"; done
+  "$LOADGEN" -fixed "$INSTR_N" -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: requests failed"
+  for p in "${pids[@]}"; do callgrind_control -d "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -d $p ($c) failed"; done
+  total=0
+  for p in "${pids[@]}"; do
+    total=$((total + $(awk '/^totals:/ {s += $2} END {print s + 0}' "$WORK/cg/$p.out".*)))
+  done
+  for ((i = first; i < ${#PIDS[@]}; i++)); do kill "${PIDS[$i]}" 2>/dev/null || true; done
+  for ((i = first; i < ${#PIDS[@]}; i++)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
+  PIDS=("${PIDS[@]:0:first}")
+  rm -rf "$WORK/cg"
+  local name=${ENTRIES[-1]#*\"name\":\"}
+  INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d}' "${name%%\"*}" "$INSTR_N" "$total")")
+  log "instructions: ${name%%\"*}: $total for $INSTR_N requests"
+}
+if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
+  for c in "${CONTENDERS[@]}"; do
+    [ "$c" = direct ] && continue
+    # The quick mode counts the local path and nginx only.
+    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && continue
+    log "counting instructions: $c (callgrind, $INSTR_N requests)"
+    count_instructions "$c"
+  done
+else
+  log "warning: valgrind not installed; no instruction counts"
+fi
+ENTRIES=()
+(
+  IFS=,
+  echo "[${INSTR[*]}]"
+) >"$WORK/instructions.json"
+
 for c in "${CONTENDERS[@]}"; do
   log "starting contender $c"
   "contender_$c"
@@ -319,7 +471,7 @@ META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s"}' \
 
 log "running the load generator"
 # shellcheck disable=SC2086
-"$LOADGEN" -contenders "$WORK/contenders.json" -out bench/results $LOADGEN_MODE -meta "$META" \
+"$LOADGEN" -contenders "$WORK/contenders.json" -instructions "$WORK/instructions.json" -out bench/results $LOADGEN_MODE -meta "$META" \
   -stream-tokens "$STREAM_TOKENS" -stream-delay "$STREAM_DELAY" \
   -many-tokens "$MANY_TOKENS" -many-delay "$MANY_DELAY" ${BENCH_ARGS:-}
 

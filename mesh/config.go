@@ -93,6 +93,9 @@ type Config struct {
 	// node compares its local roles with what it advertised (so a role that
 	// stops being served is withdrawn within one interval). Default 200ms.
 	GossipInterval time.Duration
+	// GossipNodes is how many random members each gossip round sends the
+	// queued broadcasts to. Default 3.
+	GossipNodes int
 	// ProbeInterval and ProbeTimeout drive failure detection. Defaults 1s
 	// and 500ms.
 	ProbeInterval time.Duration
@@ -133,6 +136,11 @@ type Config struct {
 	// memberlist's own transport, unwrapped.
 	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 
+	// Transport carries gossip instead of memberlist's UDP/TCP sockets on
+	// BindAddr (which is then unused). Nil: the real network. Simulations
+	// (mesh/meshsim) pass an in-memory one.
+	Transport memberlist.Transport
+
 	// Sink receives verified adverts and supplies ours. Nil: adverts are
 	// verified and relayed but not delivered, and none are sent.
 	Sink AdvertSink
@@ -156,6 +164,7 @@ func DefaultConfig() Config {
 		BindAddr:         DefaultBindAddr,
 		AdvertTTL:        placement.DefaultAdvertTTL,
 		GossipInterval:   200 * time.Millisecond,
+		GossipNodes:      3,
 		ProbeInterval:    time.Second,
 		ProbeTimeout:     500 * time.Millisecond,
 		PushPullInterval: 30 * time.Second,
@@ -180,6 +189,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.BindAddr = cmp.Or(c.BindAddr, d.BindAddr)
 	c.AdvertTTL = cmp.Or(c.AdvertTTL, d.AdvertTTL)
 	c.GossipInterval = cmp.Or(c.GossipInterval, d.GossipInterval)
+	c.GossipNodes = cmp.Or(c.GossipNodes, d.GossipNodes)
 	c.ProbeInterval = cmp.Or(c.ProbeInterval, d.ProbeInterval)
 	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, d.ProbeTimeout)
 	c.PushPullInterval = cmp.Or(c.PushPullInterval, d.PushPullInterval)
@@ -243,6 +253,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.SuspicionMult < 0 {
 		return c, fmt.Errorf("SuspicionMult: negative")
+	}
+	if c.GossipNodes < 0 {
+		return c, fmt.Errorf("GossipNodes: negative")
 	}
 	if c.RetransmitMult < 0 {
 		return c, fmt.Errorf("RetransmitMult: negative")

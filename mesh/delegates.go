@@ -58,12 +58,22 @@ func (d *delegate) NotifyMsg(b []byte) {
 
 // GetBroadcasts hands memberlist the queued adverts.
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	return d.bcast.GetBroadcasts(overhead, limit)
+	bs := d.bcast.GetBroadcasts(overhead, limit)
+	if len(bs) > 0 {
+		var n int
+		for _, b := range bs {
+			n += overhead + len(b)
+		}
+		d.stats.advertBroadcastBytes.Add(uint64(n))
+	}
+	return bs
 }
 
 // LocalState is our side of a push/pull: every fresh advert we hold.
 func (d *delegate) LocalState(join bool) []byte {
-	return (*Mesh)(d).localState()
+	b := (*Mesh)(d).localState()
+	d.stats.advertStateBytes.Add(uint64(len(b)))
+	return b
 }
 
 // MergeRemoteState takes the adverts of the other side of a push/pull.

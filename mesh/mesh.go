@@ -75,6 +75,7 @@ type Mesh struct {
 
 	metaCache metaCache
 	refusals  refusals
+	stats     gossipStats
 
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
@@ -209,12 +210,14 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Keyring = m.keyring
 	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	mc.GossipInterval = c.GossipInterval
+	mc.GossipNodes = c.GossipNodes
 	mc.ProbeInterval = c.ProbeInterval
 	mc.ProbeTimeout = c.ProbeTimeout
 	mc.PushPullInterval = c.PushPullInterval
 	mc.SuspicionMult = c.SuspicionMult
 	mc.RetransmitMult = c.RetransmitMult
 	mc.TCPTimeout = c.TCPTimeout
+	mc.Transport = c.Transport
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*events)(m)
 	mc.Alive = (*aliveDelegate)(m)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/infermesh/infermesh/identity"
@@ -78,13 +79,30 @@ type trustState struct {
 	static      map[string]TrustedNode
 	config      map[revocation]bool // revoked by configuration
 	runtime     map[revocation]bool // revoked at run time (Revoke)
+
+	// verdicts remembers certOK's answers for this set of authorities:
+	// memberlist asks the alive delegate about every copy of every alive
+	// message and every member of every push/pull, and a signature check
+	// per ask was most of a forming mesh's CPU.
+	verdicts *certVerdicts
 }
+
+// certVerdicts maps a certificate's full binary form to whether it
+// verified. Safe for concurrent use.
+type certVerdicts struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+// certVerdictsMax bounds the cache; it is emptied when full.
+const certVerdictsMax = 4096
 
 func newTrustState(c TrustConfig, runtime map[revocation]bool) (*trustState, error) {
 	t := &trustState{
-		static:  make(map[string]TrustedNode, len(c.Nodes)),
-		config:  make(map[revocation]bool, len(c.Revoked)),
-		runtime: runtime,
+		static:   make(map[string]TrustedNode, len(c.Nodes)),
+		config:   make(map[revocation]bool, len(c.Revoked)),
+		runtime:  runtime,
+		verdicts: &certVerdicts{m: map[string]bool{}},
 	}
 	if t.runtime == nil {
 		t.runtime = map[revocation]bool{}
@@ -176,5 +194,23 @@ func (t *trustState) admit(name string, key ed25519.PublicKey, cert *identity.Ce
 
 // certOK verifies cert against t's authorities; nil is not OK.
 func (t *trustState) certOK(cert *identity.Certificate) bool {
-	return cert != nil && identity.VerifyCertificate(cert, t.authorities) == nil
+	if cert == nil {
+		return false
+	}
+	k := string(cert.Marshal())
+	v := t.verdicts
+	v.mu.Lock()
+	ok, known := v.m[k]
+	v.mu.Unlock()
+	if known {
+		return ok
+	}
+	ok = identity.VerifyCertificate(cert, t.authorities) == nil
+	v.mu.Lock()
+	if len(v.m) >= certVerdictsMax {
+		clear(v.m)
+	}
+	v.m[k] = ok
+	v.mu.Unlock()
+	return ok
 }

@@ -63,3 +63,41 @@ func TestTrustAdmit(t *testing.T) {
 		}
 	}
 }
+
+// TestCertOKRemembersPerTrust: certOK's remembered verdicts belong to one
+// set of authorities, and are keyed by the whole certificate: a body
+// altered under a valid signature is refused after the valid one was
+// accepted, and a new trust state decides afresh.
+func TestCertOKRemembersPerTrust(t *testing.T) {
+	apub, apriv, _ := ed25519.GenerateKey(nil)
+	otherPub, _, _ := ed25519.GenerateKey(nil)
+	kB, _, _ := ed25519.GenerateKey(nil)
+	cert, err := identity.IssueCertificate(apriv, "b", kB, identity.ScopeConsumer, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusting, err := newTrustState(TrustConfig{Authorities: []ed25519.PublicKey{apub}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second answer comes from the cache
+		if !trusting.certOK(cert) {
+			t.Fatalf("certOK(valid cert) = false, want true")
+		}
+	}
+	forged := *cert
+	forged.Scope = identity.ScopeFull
+	if trusting.certOK(&forged) {
+		t.Errorf("certOK(scope altered under the same signature) = true, want false")
+	}
+	other, err := newTrustState(TrustConfig{Authorities: []ed25519.PublicKey{otherPub}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.certOK(cert) {
+		t.Errorf("certOK under other authorities = true, want false")
+	}
+	if trusting.certOK(nil) {
+		t.Errorf("certOK(nil) = true, want false")
+	}
+}

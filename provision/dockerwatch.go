@@ -18,8 +18,12 @@ import (
 const maxLineLen = 16 << 10
 
 // logsDrainGrace is how long the exit watcher waits for the log stream to
-// drain, so an instance's last lines are observed before its exit.
-const logsDrainGrace = 2 * time.Second
+// drain, so an instance's last lines are observed before its exit. The
+// engine ends a followed log stream once the container stopped, so the
+// wait is normally short; the bound only matters when the stream is stuck,
+// and a busy engine can take seconds to open one (2 s was seen to be too
+// little with the machine's load average at 20).
+const logsDrainGrace = 10 * time.Second
 
 // watch starts streaming the logs of the container run described by info
 // and watching for its exit, unless that run is already watched. The

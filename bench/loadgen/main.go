@@ -95,6 +95,10 @@ type Params struct {
 	StallAfter   time.Duration `json:"stall_after"`
 	MeshNodes    []int         `json:"mesh_nodes"`
 	MeshTimeout  time.Duration `json:"mesh_timeout"`
+	// SimNodes are the node counts of the in-memory mesh simulation
+	// (mesh/meshsim), each bounded by SimTimeout.
+	SimNodes   []int         `json:"sim_nodes"`
+	SimTimeout time.Duration `json:"sim_timeout"`
 	// BareH3 measures a bare HTTP/3 exchange at c=1 alongside the
 	// contenders when infermesh-quic is among them.
 	BareH3 bool `json:"bare_h3"`
@@ -114,6 +118,7 @@ func run(ctx context.Context, args []string) error {
 	contendersPath := fs.String("contenders", "", "JSON file listing the contenders (written by bench/run.sh)")
 	outDir := fs.String("out", "bench/results", "directory for the markdown and JSON reports")
 	quick := fs.Bool("quick", false, "the quick mode (under a minute; keeps the harness working)")
+	instrPath := fs.String("instructions", "", "JSON file of instruction counts per contender (written by bench/run.sh) for the report")
 	meta := fs.String("meta", "", "JSON object of extra facts for the report header (versions, ...)")
 	var p Params
 	fs.IntVar(&p.StreamTokens, "stream-tokens", 64, "deltas per stream of the streaming workload (the upstream's -tokens)")
@@ -123,12 +128,18 @@ func run(ctx context.Context, args []string) error {
 	skipMesh := fs.Bool("skip-mesh", false, "do not measure mesh convergence")
 	manyLevels := fs.String("many-levels", "", "comma-separated concurrent-streams levels instead of the mode's (e.g. 2048,512)")
 	fs.BoolVar(&p.BareH3, "bare-h3", true, "with infermesh-quic among the contenders, also measure a bare HTTP/3 exchange (two mesh transports in this process) at c=1")
+	fixed := fs.Int("fixed", 0, "send this many small chat completions to -addr, one at a time over one connection, and exit (the instruction-count workload)")
+	fixedAddr := fs.String("addr", "", "with -fixed: host:port")
+	fixedModel := fs.String("model", "demo", "with -fixed: the model to ask for")
 	freePorts := fs.Int("free-ports", 0, "print this many free loopback TCP ports and exit (for bench/run.sh)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *freePorts > 0 {
 		return printFreePorts(*freePorts)
+	}
+	if *fixed > 0 {
+		return fixedRequests(ctx, *fixedAddr, *fixedModel, *fixed)
 	}
 	if *contendersPath == "" {
 		return errors.New("-contenders is required")
@@ -160,14 +171,16 @@ func run(ctx context.Context, args []string) error {
 		p.StreamReps, p.StreamDur = 1, time.Duration(p.StreamTokens)*p.StreamDelay/2
 		p.ManyLevels, p.ManyRate = []int{512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10}, 20*time.Second
+		p.SimNodes, p.SimTimeout = []int{100}, time.Minute
 	} else {
 		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 7, 2*time.Second, 1500*time.Millisecond, 1500*time.Millisecond
 		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
 		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 75*time.Second
+		p.SimNodes, p.SimTimeout = []int{100, 300, 1000}, 15*time.Minute
 	}
 	if *skipMesh {
-		p.MeshNodes = nil
+		p.MeshNodes, p.SimNodes = nil, nil
 	}
 	if *manyLevels != "" {
 		p.ManyLevels = nil
@@ -189,6 +202,15 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	rep := b.report(extra)
+	if *instrPath != "" {
+		raw, err := os.ReadFile(*instrPath)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(raw, &rep.Instructions); err != nil {
+			return fmt.Errorf("%s: %w", *instrPath, err)
+		}
+	}
 	md := rep.Markdown()
 	fmt.Print(md)
 
@@ -223,6 +245,14 @@ func run(ctx context.Context, args []string) error {
 		for _, m := range rep.Mesh {
 			if m.Err != "" {
 				return fmt.Errorf("mesh convergence at N=%d failed: %s", m.N, m.Err)
+			}
+		}
+		// A simulation that ran out of time is the host's doing (a
+		// hundred nodes share its cores) and stays a reported result;
+		// any other failure is the harness's.
+		for _, m := range rep.Sim {
+			if m.Err != "" && !strings.Contains(m.Err, context.DeadlineExceeded.Error()) {
+				return fmt.Errorf("mesh simulation at N=%d failed: %s", m.N, m.Err)
 			}
 		}
 	}

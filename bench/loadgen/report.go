@@ -80,6 +80,10 @@ type Report struct {
 	Params     Params            `json:"params"`
 	Contenders []ContReport      `json:"contenders"`
 	Mesh       []meshRes         `json:"mesh,omitempty"`
+	Sim        []simRes          `json:"sim,omitempty"`
+	// Instructions are the instruction counts of each proxy's processes
+	// for a fixed number of requests (bench/run.sh, callgrind).
+	Instructions []instrCount `json:"instructions,omitempty"`
 	// BareH3 is a bare HTTP/3 exchange at c=1 (two mesh transports in the
 	// load generator's process), measured with infermesh-quic; BareH3Note
 	// says why it is missing.
@@ -159,7 +163,7 @@ func (b *bench) report(meta map[string]string) *Report {
 	}
 	r := &Report{
 		Started: b.started, Elapsed: time.Since(b.started).Round(time.Second).String(), Mode: mode,
-		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh,
+		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh, Sim: b.sim,
 	}
 	r.BareH3 = latFig(b.h3, nil, nil, true)
 	r.BareH3Note = b.h3Err
@@ -221,9 +225,11 @@ func yes(ok bool) string {
 // targets compares infermesh's local and remote paths with the issue's
 // targets.
 func (b *bench) targets(r *Report) []TargetCheck {
-	var im, ng, q *ContReport
+	var im, ng, q, ngTLS *ContReport
 	for i := range r.Contenders {
 		switch c := &r.Contenders[i]; {
+		case c.Name == nginxTLSName && c.Missing == "":
+			ngTLS = c
 		case c.Name == "infermesh" && c.Missing == "":
 			im = c
 		case c.Name == "nginx" && c.Missing == "":
@@ -238,7 +244,31 @@ func (b *bench) targets(r *Report) []TargetCheck {
 	out := localTargets(im, ng)
 	if q != nil {
 		out = append(out, remoteTargets(r, im, q)...)
+		out = append(out, anchorTargets(q, ngTLS)...)
 		out = append(out, streamTargets(q, " through the remote path", " (a + b)")...)
+	}
+	return out
+}
+
+// nginxTLSName is the remote hop done with well-known parts (bench/run.sh).
+const nginxTLSName = "nginx-tls"
+
+// anchorTargets compares the remote path with the same hop done by two
+// nginx over TLS 1.3 with client certificates, in this run.
+func anchorTargets(q, a *ContReport) []TargetCheck {
+	if a == nil {
+		return nil
+	}
+	var out []TargetCheck
+	if q.C1 != nil && a.C1 != nil && q.C1.AddedP50 != nil && a.C1.AddedP50 != nil {
+		out = append(out, TargetCheck{"remote hop added p50 ≤ " + nginxTLSName + "'s (nginx → TLS 1.3, client certificates → nginx)",
+			fmt.Sprintf("%.0f µs vs %.0f µs (%.2f×)", q.C1.AddedP50.Med, a.C1.AddedP50.Med, q.C1.AddedP50.Med/a.C1.AddedP50.Med),
+			yes(q.C1.AddedP50.Med <= a.C1.AddedP50.Med)})
+	}
+	if q.Throughput != nil && a.Throughput != nil && q.Throughput.RPS != nil && a.Throughput.RPS != nil && a.Throughput.RPS.Med > 0 {
+		out = append(out, TargetCheck{"remote hop c=64 throughput ≥ " + nginxTLSName + "'s",
+			fmt.Sprintf("%.2f× (%s vs %s req/s)", q.Throughput.RPS.Med/a.Throughput.RPS.Med, thousands(q.Throughput.RPS.Med), thousands(a.Throughput.RPS.Med)),
+			yes(q.Throughput.RPS.Med >= a.Throughput.RPS.Med)})
 	}
 	return out
 }
@@ -466,17 +496,44 @@ func (r *Report) Markdown() string {
 		}
 		w("\n%s's RSS is the sum of its processes, sampled together; at %d streams: %s.\n", c.Name, m.Streams, strings.Join(parts, "; "))
 	}
+	if len(r.Instructions) > 0 {
+		w("\n## Instructions per request (callgrind)\n\n")
+		w("Each proxy alone under valgrind's callgrind: small chat completions at c=1 over one keep-alive connection after a warm-up, counted over the proxy's processes only (both agents for %s). A count does not depend on the host's load; Go programs ran with GODEBUG=asyncpreemptoff=1.\n\n", quicName)
+		var nginx float64
+		for _, ic := range r.Instructions {
+			if ic.Name == "nginx" && ic.Requests > 0 {
+				nginx = float64(ic.Instructions) / float64(ic.Requests)
+			}
+		}
+		w("| contender | requests | instructions per request | ÷ nginx |\n| --- | --- | --- | --- |\n")
+		for _, ic := range r.Instructions {
+			if ic.Requests == 0 {
+				continue
+			}
+			per := float64(ic.Instructions) / float64(ic.Requests)
+			ratio := "–"
+			if nginx > 0 {
+				ratio = fmt.Sprintf("%.2f×", per/nginx)
+			}
+			w("| %s | %d | %.0f | %s |\n", ic.Name, ic.Requests, per, ratio)
+		}
+	}
 	if len(r.Mesh) > 0 {
 		w("\n## Mesh: in-process nodes on loopback (mesh/meshbench, %s profile)\n\n", r.Mesh[0].Profile)
 		w("| N | membership complete | advert reached all | death noticed by all |\n| --- | --- | --- | --- |\n")
 		for _, m := range r.Mesh {
-			cell := func(v string) string {
-				if v == "" && m.Err != "" {
-					return "failed: " + strings.ReplaceAll(m.Err, "|", "/")
-				}
-				return v
-			}
+			cell := func(v string) string { return orFailed(v, m.Err) }
 			w("| %d | %s | %s | %s |\n", m.N, cell(m.Membership), cell(m.Advert), cell(m.Death))
+		}
+	}
+	if len(r.Sim) > 0 {
+		w("\n## Mesh simulation: nodes in one process over an in-memory network (mesh/meshsim, LAN profile, %v one-way latency)\n\n", simLatency)
+		w("Real meshes (keys, certificates, signatures, encrypted gossip) over simulated sockets. Traffic is steady state over 5 s after the advert reached everyone; adverts are their broadcasts and push/pull state, membership is the rest. CPU is the simulation process's: when it nears the host's cores x wall time, nodes starve and the figures are the host's.\n\n")
+		w("| N | membership complete | advert reached all | advert queue max | bytes/node/s: adverts | membership | sent per node while forming | heap per node | CPU s / wall s | queue overflows |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, m := range r.Sim {
+			cell := func(v string) string { return orFailed(v, m.Err) }
+			w("| %d | %s | %s | %d | %.0f | %.0f | %.0f KiB | %d KiB | %.0f / %.0f | %d |\n", m.N, cell(m.Membership), cell(m.Advert), m.AdvertQueueMax,
+				m.AdvertBytesNodeS, m.BytesPerNodeSec-m.AdvertBytesNodeS, m.FormBytesPerNode/1024, m.HeapPerNodeKiB, m.CPUSeconds, m.WallSeconds, m.Overflows)
 		}
 	}
 	if len(r.Targets) > 0 {
@@ -503,4 +560,19 @@ func ratioOrBlank(v float64, name string) string {
 		return ""
 	}
 	return fmtRatio(v)
+}
+
+// orFailed is a table cell: v, or the failure when v was not measured.
+func orFailed(v, err string) string {
+	if v == "" && err != "" {
+		return "failed: " + strings.ReplaceAll(err, "|", "/")
+	}
+	return v
+}
+
+// instrCount is one contender's instruction count (bench/run.sh).
+type instrCount struct {
+	Name         string `json:"name"`
+	Requests     int    `json:"requests"`
+	Instructions int64  `json:"instructions"`
 }

@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/mesh/meshbench"
+	"github.com/infermesh/infermesh/mesh/meshsim"
 )
 
 // meshProfile tunes the mesh for the convergence measurement; nil runs
@@ -86,8 +88,25 @@ type bench struct {
 	mu      sync.Mutex // guards res[*].Errors and ErrList
 	started time.Time
 	mesh    []meshRes
+	sim     []simRes
 	h3      []latRep // the bare HTTP/3 exchange at c=1, per repetition
 	h3Err   string   // why h3 is missing or cut short ("" when measured or not wanted)
+}
+
+// simRes is one in-memory mesh simulation (mesh/meshsim).
+type simRes struct {
+	N                int     `json:"n"`
+	Membership       string  `json:"membership,omitempty"`
+	Advert           string  `json:"advert,omitempty"`
+	AdvertQueueMax   int     `json:"advert_queue_max"`
+	BytesPerNodeSec  float64 `json:"bytes_per_node_s"`
+	AdvertBytesNodeS float64 `json:"advert_bytes_per_node_s"`
+	FormBytesPerNode float64 `json:"form_bytes_per_node"`
+	HeapPerNodeKiB   uint64  `json:"heap_per_node_kib"`
+	CPUSeconds       float64 `json:"cpu_s"`
+	WallSeconds      float64 `json:"wall_s"`
+	Overflows        uint64  `json:"overflows"`
+	Err              string  `json:"error,omitempty"`
 }
 
 type meshRes struct {
@@ -258,6 +277,50 @@ func (b *bench) runAll(ctx context.Context) {
 		logf("  %+v", mr)
 		b.mesh = append(b.mesh, mr)
 	}
+	for _, n := range b.p.SimNodes {
+		if ctx.Err() != nil {
+			return
+		}
+		logf("mesh simulation: %d nodes over an in-memory network (%v latency)", n, simLatency)
+		b.sim = append(b.sim, runSim(ctx, n, b.p.SimTimeout))
+		logf("  %+v", b.sim[len(b.sim)-1])
+	}
+}
+
+// simLatency is the one-way latency of the simulated network (a LAN).
+const simLatency = time.Millisecond
+
+// runSim runs one mesh simulation and records the process CPU it took
+// (the simulation shares the host's cores: a run whose CPU is near cores x
+// wall was starved, and its figures are the host's, not the protocol's).
+func runSim(ctx context.Context, n int, timeout time.Duration) simRes {
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cpu0, t0 := processCPU(), time.Now()
+	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second})
+	sr := simRes{N: n, AdvertQueueMax: r.AdvertQueueMax, BytesPerNodeSec: r.BytesPerNodeSec,
+		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode,
+		HeapPerNodeKiB: r.HeapPerNode / 1024, Overflows: r.Net.Overflows,
+		CPUSeconds: (processCPU() - cpu0).Seconds(), WallSeconds: time.Since(t0).Seconds()}
+	if err != nil {
+		sr.Err = err.Error()
+	}
+	if r.Membership > 0 {
+		sr.Membership = r.Membership.Round(time.Millisecond).String()
+	}
+	if r.Advert > 0 {
+		sr.Advert = r.Advert.Round(time.Millisecond).String()
+	}
+	return sr
+}
+
+// processCPU is the user+system CPU this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // startH3 starts and warms the bare HTTP/3 exchange when a remote-path

@@ -1,0 +1,51 @@
+package meshsim
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestRunSmall: a small mesh over the in-memory network forms, hears the
+// advert everywhere, and its traffic is counted (adverts a part of all).
+func TestRunSmall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r, err := Run(ctx, Options{N: 8, Latency: time.Millisecond, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(r)
+	if r.Membership <= 0 || r.Advert <= 0 {
+		t.Errorf("Run = %v, want positive durations", r)
+	}
+	if r.BytesPerNodeSec <= 0 || r.AdvertBytesPerNodeSec > r.BytesPerNodeSec {
+		t.Errorf("bytes/node/s = %v (adverts %v), want > 0 and adverts a part", r.BytesPerNodeSec, r.AdvertBytesPerNodeSec)
+	}
+}
+
+// BenchmarkSim reports formation, advert propagation, traffic and memory
+// per node at growing N over the in-memory network (LAN profile, 1 ms
+// latency).
+func BenchmarkSim(b *testing.B) {
+	for _, n := range []int{100, 300, 1000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+				r, err := Run(ctx, Options{N: n, Latency: time.Millisecond})
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Log(r)
+				b.ReportMetric(r.Membership.Seconds(), "membership-s")
+				b.ReportMetric(r.Advert.Seconds(), "advert-s")
+			}
+		})
+	}
+}

@@ -1,0 +1,33 @@
+package mesh
+
+import "sync/atomic"
+
+// GossipStats counts what this node handed memberlist to send on behalf of
+// adverts, so that advert traffic can be told apart from membership
+// traffic (the transport sees only encrypted packets).
+type GossipStats struct {
+	// AdvertBroadcastBytes is the size of the adverts piggybacked on gossip
+	// packets (memberlist's per-message overhead included), summed over
+	// every packet they went out in.
+	AdvertBroadcastBytes uint64
+	// AdvertStateBytes is the size of our advert state sent in push/pulls
+	// (ours and every fresh advert we hold).
+	AdvertStateBytes uint64
+}
+
+type gossipStats struct {
+	advertBroadcastBytes atomic.Uint64
+	advertStateBytes     atomic.Uint64
+}
+
+// GossipStats returns the counters since New.
+func (m *Mesh) GossipStats() GossipStats {
+	return GossipStats{
+		AdvertBroadcastBytes: m.stats.advertBroadcastBytes.Load(),
+		AdvertStateBytes:     m.stats.advertStateBytes.Load(),
+	}
+}
+
+// AdvertQueueLen is how many adverts wait in this node's broadcast queue
+// (sent or not yet; each leaves after its retransmit limit).
+func (m *Mesh) AdvertQueueLen() int { return m.bcast.NumQueued() }
