@@ -44,13 +44,26 @@ func (l *lateRemote) RoundTrip(r *http.Request) (*http.Response, error) {
 	return tr.RoundTrip(r)
 }
 
+// ConfirmAlive asks node over the running transport whether it is alive.
+func (l *lateRemote) ConfirmAlive(ctx context.Context, node string) error {
+	tr := l.tr.Load()
+	if tr == nil {
+		return errNoTransport
+	}
+	return tr.ConfirmAlive(ctx, node)
+}
+
 // newScorer wraps the placement table for the proxy when there is a mesh:
 // remote candidates are ordered by what this node observes of its peers.
 func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
 	if !a.cfg.Mesh.Enabled() {
 		return a.table, nil, nil
 	}
-	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{Graceful: mesh.GracefulClose})
+	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{
+		Graceful:  mesh.GracefulClose,
+		Alive:     a.remote.ConfirmAlive,
+		FirstByte: a.cfg.Proxy.PeerFirstByteTimeout,
+	})
 	if err != nil {
 		return nil, nil, err
 	}
