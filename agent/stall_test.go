@@ -106,11 +106,7 @@ func TestRemoteFrozenPeerIsSkippedQuickly(t *testing.T) {
 // is waited for: the probe is answered, the request is not cut or retried.
 func TestRemoteSlowModelIsNotCut(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
-	ub := startUpstream(t, "model-b", 450*time.Millisecond) // 8 tokens: ~3 s before headers
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
-
+	a, ub := slowPeer(t, tm)
 	c := sdkClient(a.url("chat"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -130,4 +126,40 @@ func TestRemoteSlowModelIsNotCut(t *testing.T) {
 			t.Errorf("a's view of b after a slow answer = %+v, want no failure", p)
 		}
 	}
+}
+
+// A peer that is stopping drains the requests it has: its answer to the
+// progress check says it is leaving, which is an answer, so a slow
+// request it is still serving is waited for, not cut.
+func TestRemoteSlowRequestOnDrainingPeerIsNotCut(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	tm.shutdown = 60 * time.Second
+	a, ub := slowPeer(t, tm)
+	c := sdkClient(a.url("chat"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Chat.Completions.New(ctx, chatReq("chat"))
+		errc <- err
+	}()
+	waitFor(t, "b's model has the request", func() bool { return ub.requests.Load() == 1 })
+	tm.nodes["b"].cancel() // SIGTERM: b leaves and drains
+	if err := <-errc; err != nil {
+		t.Fatalf("the request b was draining: %v", err)
+	}
+	if got := ub.cancelled.Load(); got != 0 {
+		t.Errorf("b's model saw %d requests cancelled, want 0", got)
+	}
+}
+
+// slowPeer starts a, and b serving chat to a from a model that takes about
+// 3 s before its response headers (8 tokens, 450 ms apart).
+func slowPeer(t *testing.T, tm *testMesh) (*meshNode, *testUpstream) {
+	t.Helper()
+	ub := startUpstream(t, "model-b", 450*time.Millisecond)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	return a, ub
 }
