@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // httpServer is what a role port's server does: h1Server, or net/http's
@@ -120,12 +123,11 @@ func (b *stdBody) Read(p []byte) (int, error) {
 func (b *stdBody) finish() { b.once.Do(b.done) }
 
 func (s *stdServer) Serve(ln net.Listener) error {
-	if s.cfg.Conns != nil {
-		ln = &limitListener{Listener: ln, conns: s.cfg.Conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout}
-	} else {
-		ln = &limitListener{Listener: ln, conns: &connLimiter{max: 1 << 62}, reap: s.reapIdle, wt: s.cfg.WriteTimeout}
+	conns := s.cfg.Conns
+	if conns == nil {
+		conns = &connLimiter{max: 1 << 62}
 	}
-	return s.srv.Serve(ln)
+	return s.srv.Serve(&limitListener{Listener: ln, conns: conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout, log: s.cfg.Logger})
 }
 
 // reapIdle closes up to n idle connections.
@@ -170,12 +172,18 @@ type limitListener struct {
 	conns *connLimiter
 	reap  func(n int)
 	wt    time.Duration
+	log   *zap.Logger
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		nc, err := l.Listener.Accept()
 		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				// net/http retries after a growing pause; its own log is
+				// discarded.
+				l.log.Warn("accept failed; retrying", zap.Error(err))
+			}
 			return nil, err
 		}
 		if l.conns.near() {
