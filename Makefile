@@ -42,7 +42,7 @@ test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
 	# the proxy suite and the agent's abuse tests again against net/http's server and client (proxy.server: std)
 	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./proxy
-	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 5m -run 'TestFDExhaustion' $(TESTFLAGS) ./cmd/infermeshd
+	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 5m -run 'TestFDExhaustion|TestSIGTERMDuringAbuse' $(TESTFLAGS) ./cmd/infermeshd
 
 ## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
 e2e:

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,16 +44,19 @@ type stdServer struct {
 	srv *http.Server
 	cfg h1Config
 
+	stopping atomic.Bool // Shutdown began
+
 	mu     sync.Mutex
 	idle   map[net.Conn]bool
 	inBody map[net.Conn]bool
+	conns  map[net.Conn]http.ConnState // every open connection
 }
 
 type connKey struct{}
 
 func newStdServer(h http.Handler, cfg h1Config) *stdServer {
 	cfg.fill()
-	s := &stdServer{cfg: cfg, idle: map[net.Conn]bool{}, inBody: map[net.Conn]bool{}}
+	s := &stdServer{cfg: cfg, idle: map[net.Conn]bool{}, inBody: map[net.Conn]bool{}, conns: map[net.Conn]http.ConnState{}}
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.serve(h)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -71,6 +75,11 @@ func newStdServer(h http.Handler, cfg h1Config) *stdServer {
 			}
 			if st != http.StateActive {
 				delete(s.inBody, c)
+			}
+			if st == http.StateClosed || st == http.StateHijacked {
+				delete(s.conns, c)
+			} else {
+				s.conns[c] = st
 			}
 			s.mu.Unlock()
 		},
@@ -127,7 +136,7 @@ func (s *stdServer) Serve(ln net.Listener) error {
 	if conns == nil {
 		conns = &connLimiter{max: 1 << 62}
 	}
-	return s.srv.Serve(&limitListener{Listener: ln, conns: conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout, log: s.cfg.Logger})
+	return s.srv.Serve(&limitListener{Listener: ln, conns: conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout, stop: &s.stopping, log: s.cfg.Logger})
 }
 
 // reapIdle closes up to n idle connections.
@@ -147,13 +156,28 @@ func (s *stdServer) reapIdle(n int) {
 	}
 }
 
-// Shutdown closes the connections still sending a body at once, then
-// shuts net/http's server down (idle ones close, requests finish).
+// Shutdown closes the connections still sending a body at once, gives
+// those yet to send a whole request head and those in a blocked write
+// shutdownGrace (as the h1 server does), then shuts net/http's server
+// down (idle ones close, requests finish).
 func (s *stdServer) Shutdown(ctx context.Context) error {
+	s.stopping.Store(true)
+	graceEnd := time.Now().Add(shutdownGrace)
 	s.mu.Lock()
 	var stalled []net.Conn
 	for c := range s.inBody {
 		stalled = append(stalled, c)
+	}
+	for c, st := range s.conns {
+		if st == http.StateNew {
+			// net/http sets the header deadline as it starts reading a
+			// head, so a connection it has not started on keeps its own
+			// (closed by its Shutdown after 5 s at most).
+			_ = c.SetReadDeadline(graceEnd)
+		}
+		if !s.inBody[c] {
+			_ = c.SetWriteDeadline(graceEnd)
+		}
 	}
 	s.mu.Unlock()
 	for _, c := range stalled {
@@ -172,6 +196,7 @@ type limitListener struct {
 	conns *connLimiter
 	reap  func(n int)
 	wt    time.Duration
+	stop  *atomic.Bool
 	log   *zap.Logger
 }
 
@@ -195,7 +220,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			nc.Close()
 			continue
 		}
-		return &countedConn{deadlineConn: deadlineConn{nc, l.wt}, release: l.conns.release}, nil
+		return &countedConn{deadlineConn: deadlineConn{nc, l.wt, l.stop}, release: l.conns.release}, nil
 	}
 }
 

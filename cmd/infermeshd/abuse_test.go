@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -291,4 +293,147 @@ func (u *slowUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// TestSIGTERMDuringAbuse: for each kind of abuse, SIGTERM while it goes
+// on stops infermeshd with status 0 well within proxy.shutdown_timeout
+// (30 s; body_timeout 60 s, so stalled bodies must be closed, not waited
+// for), and an ordinary stream in flight at SIGTERM completes.
+func TestSIGTERMDuringAbuse(t *testing.T) {
+	const bound = 8 * time.Second // shutdown_timeout is 30s, the header timeout 10s, write_timeout 60s
+	raiseOwnNoFile(t, 4096)
+	up := &slowUpstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+
+	type abuse func(t *testing.T, a *abuseAgent, stop <-chan struct{}, track func(net.Conn))
+	dial := func(t *testing.T, a *abuseAgent, track func(net.Conn)) net.Conn {
+		c, err := net.DialTimeout("tcp", a.addr, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		track(c)
+		return c
+	}
+	tests := []struct {
+		name  string
+		abuse abuse
+	}{
+		{"idle connections", func(t *testing.T, a *abuseAgent, _ <-chan struct{}, track func(net.Conn)) {
+			for range 500 {
+				dial(t, a, track)
+			}
+		}},
+		{"slowloris", func(t *testing.T, a *abuseAgent, stop <-chan struct{}, track func(net.Conn)) {
+			for range 50 {
+				c := dial(t, a, track)
+				fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nX-Slow: ", a.addr)
+				go func() {
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(200 * time.Millisecond):
+							if _, err := c.Write([]byte("a")); err != nil {
+								return
+							}
+						}
+					}
+				}()
+			}
+		}},
+		{"stalled body", func(t *testing.T, a *abuseAgent, _ <-chan struct{}, track func(net.Conn)) {
+			for range 20 {
+				c := dial(t, a, track)
+				fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Length: 100\r\n\r\n{", a.addr)
+			}
+		}},
+		{"stalled reader", func(t *testing.T, a *abuseAgent, _ <-chan struct{}, track func(net.Conn)) {
+			before := up.stallBytes.Load()
+			c := dial(t, a, track)
+			_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+			body := `{"model":"chat","stream":true,"stall":true}`
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", a.addr, len(body), body)
+			deadline := time.Now().Add(20 * time.Second)
+			for up.stallBytes.Load()-before < 1<<20 { // the buffers are filling
+				if time.Now().After(deadline) {
+					t.Fatal("the stalled stream never started")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}},
+		{"16 MiB-declared flood", func(t *testing.T, a *abuseAgent, _ <-chan struct{}, track func(net.Conn)) {
+			const declared = 16 << 20
+			var wg sync.WaitGroup
+			for range 6 {
+				c := dial(t, a, track)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_ = c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+					fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", a.addr, declared)
+					_, _ = c.Write(make([]byte, declared-1)) // refused over the memory bound: an error here is fine
+				}()
+			}
+			wg.Wait()
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startAbuseAgent(t, srv.URL, "max_body_memory: 67108864", 0)
+			stop := make(chan struct{})
+			var conns []net.Conn
+			var mu sync.Mutex
+			defer func() {
+				close(stop)
+				mu.Lock()
+				for _, c := range conns {
+					c.Close()
+				}
+				mu.Unlock()
+			}()
+			tt.abuse(t, a, stop, func(c net.Conn) { mu.Lock(); conns = append(conns, c); mu.Unlock() })
+
+			// An ordinary stream, in flight (its first event read) at SIGTERM.
+			c, err := net.DialTimeout("tcp", a.addr, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", a.addr, len(chatBody), chatBody)
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("ordinary stream during the abuse: %v %v", err, resp)
+			}
+			rb := bufio.NewReader(resp.Body)
+			first, err := rb.ReadString('\n')
+			if err != nil || !strings.HasPrefix(first, "data: ") {
+				t.Fatalf("ordinary stream: first line %q, %v", first, err)
+			}
+
+			start := time.Now()
+			if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			rest, rerr := io.ReadAll(rb)
+			select {
+			case <-a.exited:
+				took, err := time.Since(start), a.err
+				t.Logf("exited %v after SIGTERM", took.Round(time.Millisecond))
+				if err != nil {
+					t.Errorf("exit after SIGTERM: %v, want status 0\n%.3000s", err, logsString(a.cmd))
+				}
+				if took > bound {
+					t.Errorf("exit %v after SIGTERM, want under %v", took, bound)
+				}
+			case <-time.After(bound + 10*time.Second):
+				t.Fatalf("infermeshd still running %v after SIGTERM", bound+10*time.Second)
+			}
+			if rerr != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+				t.Errorf("the stream in flight at SIGTERM did not complete: %v, %q", rerr, rest)
+			}
+		})
+	}
 }
