@@ -156,34 +156,63 @@ func (s *stdServer) reapIdle(n int) {
 	}
 }
 
-// Shutdown closes the connections still sending a body at once, gives
-// those yet to send a whole request head and those in a blocked write
-// shutdownGrace (as the h1 server does), then shuts net/http's server
-// down (idle ones close, requests finish).
+// Shutdown gives the connections yet to send a whole request head and
+// those in a blocked write shutdownGrace (as the h1 server does), then
+// shuts net/http's server down (idle connections close, requests finish)
+// and, until it returns, closes every connection still sending a body: a
+// stalled body would hold it for its whole timeout. The closing is
+// repeated because a connection whose head was still being read when
+// Shutdown began reaches its body later.
 func (s *stdServer) Shutdown(ctx context.Context) error {
 	s.stopping.Store(true)
-	graceEnd := time.Now().Add(shutdownGrace)
-	s.mu.Lock()
-	var stalled []net.Conn
-	for c := range s.inBody {
-		stalled = append(stalled, c)
+	s.grace(time.Now().Add(shutdownGrace))
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Shutdown(ctx) }()
+	wait := time.Millisecond
+	for {
+		s.closeStalled()
+		t := time.NewTimer(wait)
+		select {
+		case err := <-done:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
 	}
+}
+
+// grace puts end as the read deadline of the connections net/http has
+// not read a request head from yet, and as the write deadline of those
+// not sending a body (later writes get shutdownGrace each).
+func (s *stdServer) grace(end time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for c, st := range s.conns {
 		if st == http.StateNew {
 			// net/http sets the header deadline as it starts reading a
 			// head, so a connection it has not started on keeps its own
 			// (closed by its Shutdown after 5 s at most).
-			_ = c.SetReadDeadline(graceEnd)
+			_ = c.SetReadDeadline(end)
 		}
 		if !s.inBody[c] {
-			_ = c.SetWriteDeadline(graceEnd)
+			_ = c.SetWriteDeadline(end)
 		}
+	}
+}
+
+// closeStalled closes the connections still sending a request body.
+func (s *stdServer) closeStalled() {
+	s.mu.Lock()
+	var stalled []net.Conn
+	for c := range s.inBody {
+		stalled = append(stalled, c)
+		delete(s.inBody, c)
 	}
 	s.mu.Unlock()
 	for _, c := range stalled {
 		c.Close()
 	}
-	return s.srv.Shutdown(ctx)
 }
 
 func (s *stdServer) Close() error { return s.srv.Close() }

@@ -266,11 +266,23 @@ func newKeyringCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keyring",
 		Short: "Rotate the gossip encryption keys across the cluster",
-		Long: `Rotation: 'keyring install NEW' (every node learns it), wait until NEW is
-held by every node ('keyring list'), 'keyring use NEW', then
-'keyring remove OLD'. The primary key cannot be removed. Keys may be
+		Long: `'keyring rotate' makes a new key the only one on this node and on every
+admitted peer, sent over the authenticated QUIC transport (never to a revoked
+node); 'revoke' does it too. By hand, node by node: 'keyring install NEW',
+wait until NEW is held by every node ('keyring list'), 'keyring use NEW',
+then 'keyring remove OLD'. The primary key cannot be removed. Keys may be
 named by their fingerprint for use and remove.`,
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "rotate",
+		Short: "Make a new gossip key the only one on every admitted node (over QUIC)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Keyring, error) {
+				return c.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringRotate})
+			}, renderKeyring)
+		},
+	})
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "List the gossip keys and how many nodes hold each",
