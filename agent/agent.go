@@ -314,6 +314,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.admin = ad
 	a.mu.Unlock()
+	// The audit history survives restarts; saved before the store closes.
+	defer a.persistAudit(ad.Store().DB())()
 
 	// Static upstreams, simulated instances (the built-in demo model, one
 	// server per role) and, in dev mode, the demo model for every role

@@ -33,10 +33,11 @@ type Auditor struct {
 	// stranger's handshakes, a read-only admin user's writes) can push out
 	// older refusals, never the joins, leaves and changes in recent.
 	refused []Event
+	version uint64 // events recorded: the state store saver's clock
 }
 
 // auditHistory bounds each of the two histories (refusals, the rest).
-const auditHistory = 64
+const auditHistory = 256
 
 // isRefusal reports whether an event kind is a refusal
 // (mesh.node.refused, mesh.quic.refused, admin.refused, ...).
@@ -81,6 +82,7 @@ func (a *Auditor) Record(e Event) {
 		ring = &a.refused
 	}
 	*ring = append(*ring, e)
+	a.version++
 	if len(*ring) > auditHistory {
 		*ring = append((*ring)[:0], (*ring)[len(*ring)-auditHistory:]...)
 	}

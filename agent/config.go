@@ -150,6 +150,12 @@ type ProxyConfig struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ConnectTimeout bounds connecting to an instance or peer. Default 2s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// PeerFirstByteTimeout is how long a remote attempt waits for the peer
+	// agent's response headers before it asks that agent, over the same
+	// QUIC connection, whether it is alive; a peer that does not answer
+	// within it either is cooled down and the next candidate is tried. A
+	// peer that answers (a slow model) is waited for. Default 1s.
+	PeerFirstByteTimeout time.Duration `yaml:"peer_first_byte_timeout"`
 	// UpstreamTimeout bounds the wait for response headers. Default 5m.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`
 	// ShutdownTimeout bounds draining in-flight requests at stop.
@@ -644,6 +650,7 @@ func (p *ProxyConfig) validate() error {
 		d    time.Duration
 	}{
 		{"proxy.connect_timeout", p.ConnectTimeout}, {"proxy.upstream_timeout", p.UpstreamTimeout},
+		{"proxy.peer_first_byte_timeout", p.PeerFirstByteTimeout},
 		{"proxy.shutdown_timeout", p.ShutdownTimeout}, {"proxy.health_interval", p.HealthInterval},
 		{"proxy.body_timeout", p.BodyTimeout}, {"proxy.write_timeout", p.WriteTimeout},
 	} {

@@ -142,6 +142,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative max_conns", "node: {name: a}\nproxy: {max_conns: -1}\n", "proxy.max_conns"},
 		{"body memory below the body limit", "node: {name: a}\nproxy: {max_body_memory: 1048576}\n", "proxy.max_body_memory: 1048576 is below max_body_bytes"},
 		{"negative write timeout", "node: {name: a}\nproxy: {write_timeout: -1s}\n", "proxy.write_timeout"},
+		{"negative peer first byte timeout", "node: {name: a}\nproxy: {peer_first_byte_timeout: -1s}\n", "proxy.peer_first_byte_timeout"},
 		{"bad duration", "node: {name: a}\nproxy: {connect_timeout: soon}\n", "line 2"},
 		{"mesh without quic", "node: {name: a}\nmesh: {bind: '127.0.0.1:7946'}\n", "mesh.quic"},
 		{"join without bind", "node: {name: a}\nmesh: {join: ['127.0.0.1:1']}\n", "mesh.bind"},

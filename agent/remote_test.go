@@ -126,6 +126,9 @@ type testMesh struct {
 	keyring string
 	nodes   map[string]*meshNode
 	order   []string
+	// quicDefaults keeps the transport's keep-alive and idle timeout at
+	// their defaults (else shortened for quick tests).
+	quicDefaults bool
 	// shutdown is proxy.shutdown_timeout of every node (default 2s).
 	shutdown time.Duration
 	// joins overrides the node a node's mesh.join names ("": none; the
@@ -142,6 +145,7 @@ type meshNode struct {
 	bind     string
 	quic     string
 	pc       net.PacketConn // the QUIC socket when the test owns it (to kill it)
+	frozen   *freezableConn // pc, which the test can freeze
 	cfgPath  string
 	agent    *Agent
 	cancel   context.CancelFunc
@@ -187,7 +191,8 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		if err != nil {
 			t.Fatal(err)
 		}
-		quicPC, n.pc = pc, pc
+		n.frozen = &freezableConn{PacketConn: pc}
+		quicPC, n.pc = n.frozen, pc
 		t.Cleanup(func() { pc.Close() })
 		n.quic = pc.LocalAddr().String()
 	} else {
@@ -264,8 +269,10 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			c.RejoinMaxBackoff = 400 * time.Millisecond
 		},
 		TransportTuning: func(c *mesh.TransportConfig) {
-			c.KeepAlivePeriod = 100 * time.Millisecond
-			c.MaxIdleTimeout = time.Second
+			if !tm.quicDefaults {
+				c.KeepAlivePeriod = 100 * time.Millisecond
+				c.MaxIdleTimeout = time.Second
+			}
 			c.RecheckInterval = 50 * time.Millisecond
 			c.PacketConn = quicPC
 		},

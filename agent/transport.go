@@ -44,13 +44,35 @@ func (l *lateRemote) RoundTrip(r *http.Request) (*http.Response, error) {
 	return tr.RoundTrip(r)
 }
 
+// progressing is the proxy's progress check of a remote attempt: node's
+// agent answers over the running transport. One that is leaving still
+// answers: it drains the requests it has, so they are waited for. One that
+// left (no longer a member, so it cannot be asked) keeps the requests it
+// drains too: they end with its connection, which is kept for as long as
+// its key is trusted.
+func (l *lateRemote) progressing(ctx context.Context, node string) error {
+	tr := l.tr.Load()
+	if tr == nil {
+		return errNoTransport
+	}
+	err := tr.ConfirmAlive(ctx, node)
+	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) {
+		return nil
+	}
+	return err
+}
+
 // newScorer wraps the placement table for the proxy when there is a mesh:
 // remote candidates are ordered by what this node observes of its peers.
 func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
 	if !a.cfg.Mesh.Enabled() {
 		return a.table, nil, nil
 	}
-	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{Graceful: mesh.GracefulClose})
+	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{
+		Graceful:  mesh.GracefulClose,
+		Alive:     a.remote.progressing,
+		FirstByte: a.cfg.Proxy.PeerFirstByteTimeout,
+	})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -153,7 +153,9 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 	scope, why, p := m.scopeOf(origin)
 	switch {
 	case p == nil:
-		m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin is not a live member")
+		if !m.early.hold(origin, msg) {
+			m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin is not a live member (too many early adverts held)")
+		}
 		return
 	case scope == 0:
 		m.refuse(auditAdvertRefused, origin, role, reasonUnadmitted, why)
@@ -339,8 +341,12 @@ func (m *Mesh) advertiseLoop() {
 		case <-m.ctx.Done():
 			return
 		case <-t.C:
+		case name := <-m.back:
+			m.peerBack(name, sent)
+			continue
 		}
 		m.advertiseOnce(sent)
+		m.expireEarly()
 		m.enforceAdmission()
 		if time.Since(lastGC) >= m.cfg.AdvertTTL/3 {
 			m.gc()

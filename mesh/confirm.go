@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,11 +160,18 @@ func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("%s answered %s", node, resp.Status)
+	switch resp.StatusCode {
+	case http.StatusNoContent:
+		return nil
+	case http.StatusServiceUnavailable:
+		return fmt.Errorf("%s: %w", node, ErrPeerLeaving)
 	}
-	return nil
+	return fmt.Errorf("%s answered %s", node, resp.Status)
 }
+
+// ErrPeerLeaving is ConfirmAlive's answer from a peer that is leaving the
+// mesh: it answered (it is alive, draining), but is going.
+var ErrPeerLeaving = errors.New("peer is leaving the mesh")
 
 // serveProbe answers ConfirmAlive: 204 while this node is in the mesh, 503
 // once it is leaving.

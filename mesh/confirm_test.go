@@ -43,6 +43,33 @@ func deadPacket(t *testing.T, key []byte, label, node, from string, incarnation 
 	return gcm.Seal(pkt, nonce, msg, []byte(label))
 }
 
+// deathForger returns a function that sends to a, from a process holding
+// only the gossip key, a `dead` message for a node, with a higher
+// incarnation each time.
+func deathForger(t *testing.T, a *testNode) func(node string) {
+	t.Helper()
+	keys, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { attacker.Close() })
+	to, err := net.ResolveUDPAddr("udp", a.m.GossipAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inc := uint32(1000)
+	return func(node string) {
+		inc++
+		if _, err := attacker.WriteTo(deadPacket(t, keys[0], "test", node, "x", inc), to); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // quicNode gives n a QUIC transport on its own address, serving every
 // request with 200 and confirming gossip deaths when confirm is set.
 func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Transport {
@@ -98,26 +125,10 @@ func TestForgedDeathIsRefutedOverQUIC(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			a, _ := quicPair(t, confirm)
 
-			keys, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			attacker, err := net.ListenPacket("udp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer attacker.Close()
-			to, err := net.ResolveUDPAddr("udp", a.m.GossipAddr())
-			if err != nil {
-				t.Fatal(err)
-			}
+			forgeDeath := deathForger(t, a)
 			lost := 0
-			inc := uint32(1000)
 			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
-				inc++
-				if _, err := attacker.WriteTo(deadPacket(t, keys[0], "test", "b", "x", inc), to); err != nil {
-					t.Fatal(err)
-				}
+				forgeDeath("b")
 				for range 10 {
 					if !a.resolvesTo("chat", "b") {
 						lost++

@@ -100,12 +100,19 @@ func (m *Mesh) setGossipLive(name, addr string) {
 		return
 	}
 	m.mu.Lock()
+	_, was := m.gossipLive[name]
 	if addr == "" {
 		delete(m.gossipLive, name)
 	} else {
 		m.gossipLive[name] = addr
 	}
 	m.mu.Unlock()
+	if addr != "" && !was {
+		select {
+		case m.back <- name:
+		default: // the loop has a backlog; it re-sends to everyone in it
+		}
+	}
 }
 
 // NotifyLeave hears gossip say a peer left or was declared dead. Gossip is
@@ -162,6 +169,7 @@ func (m *Mesh) upsertPeer(n *memberlist.Node) {
 	delete(m.departed, n.Name)
 	m.members.Store(int64(len(m.peers) + 1))
 	m.mu.Unlock()
+	m.releaseEarly(n.Name)
 	if !had {
 		m.log.Info("peer joined", zap.String("peer", n.Name), zap.String("addr", n.Address()))
 		m.auditMembership(AuditPeerJoined, n.Name, map[string]string{"addr": n.Address()})

@@ -73,6 +73,13 @@ type Mesh struct {
 	// may not be read outside them.
 	gossipLive map[string]string
 
+	early early // adverts that came before their origin's alive message
+	// back names peers gossip saw alive again (first join, refuted
+	// death, thawed): the advertise loop re-advertises and sends them
+	// what it holds.
+	back     chan string
+	lastBack time.Time // the last re-advertisement it caused; the loop's own
+
 	metaCache    metaCache
 	refusals     refusals
 	refusedNodes refusedNodes // nodes refused membership, for peers and unrevoke
@@ -135,6 +142,7 @@ func New(cfg Config) (*Mesh, error) {
 		removed:  map[string]bool{},
 
 		gossipLive: map[string]string{},
+		back:       make(chan string, 64),
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -34,11 +35,28 @@ type PeerScoreConfig struct {
 	// failure, so a peer that drained and restarted is not cooled down
 	// when it comes back. Nil: every error is a failure.
 	Graceful func(error) bool
+	// Alive asks a peer's agent, over the connection attempts use, whether
+	// it is alive (mesh.Transport.ConfirmAlive); it must return when ctx
+	// ends. With it, an attempt that has no response headers after
+	// FirstByte asks, bounded by FirstByte: a peer that answers is alive
+	// (a slow model, not a frozen peer) and the attempt waits on, asking
+	// again every FirstByte; one that does not answer is making no
+	// progress: the attempt ends with ErrNoProgress and the peer is cooled
+	// down at once, for every request. Nil: attempts wait for the
+	// transport alone (its idle timeout).
+	Alive func(ctx context.Context, node string) error
+	// FirstByte is the progress check's period. Default 1s.
+	FirstByte time.Duration
 }
+
+// ErrNoProgress ends an attempt to a peer whose agent had not sent
+// response headers and did not answer a liveness probe either (frozen,
+// unplugged, or its connection broke without a word).
+var ErrNoProgress = errors.New("peer made no progress: no response headers and no answer to a liveness probe")
 
 // DefaultPeerScoreConfig returns the defaults.
 func DefaultPeerScoreConfig() PeerScoreConfig {
-	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, Now: time.Now}
+	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, FirstByte: time.Second, Now: time.Now}
 }
 
 // PeerScorer is the consumer side's view of its peers. As a Resolver it
@@ -109,6 +127,10 @@ func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
 	if cfg.RefusalMemory < 0 {
 		return nil, errors.New("peer score config: RefusalMemory is negative")
 	}
+	if cfg.FirstByte < 0 {
+		return nil, errors.New("peer score config: FirstByte is negative")
+	}
+	cfg.FirstByte = cmp.Or(cfg.FirstByte, d.FirstByte)
 	if cfg.RefusalMemory == 0 {
 		cfg.RefusalMemory = d.RefusalMemory
 	}
@@ -261,6 +283,19 @@ func (s *PeerScorer) Observe(node string, ok bool) {
 	}
 }
 
+// Stalled cools node down at once: an attempt saw no progress on its
+// connection. Every request orders it after the others until the
+// cool-down ends or an attempt to it succeeds.
+func (s *PeerScorer) Stalled(node string) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.statLocked(node)
+	p.fails = max(p.recentFails(now, s.cfg.Cooldown)+1, s.cfg.FailureThreshold)
+	p.lastFail = now
+	p.coolUntil = now.Add(s.cfg.Cooldown)
+}
+
 func (s *PeerScorer) graceful(err error) bool {
 	return s.cfg.Graceful != nil && s.cfg.Graceful(err)
 }
@@ -317,10 +352,13 @@ type scoredTransport struct {
 func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	node := r.URL.Host
 	t.s.begin(node)
-	resp, err := t.rt.RoundTrip(r)
+	resp, err := t.roundTrip(r, node)
 	if err != nil {
 		t.s.end(node)
-		if r.Context().Err() == nil && !t.s.graceful(err) {
+		switch {
+		case errors.Is(err, ErrNoProgress):
+			t.s.Stalled(node)
+		case r.Context().Err() == nil && !t.s.graceful(err):
 			t.s.Observe(node, false)
 		}
 		return nil, err
@@ -340,6 +378,79 @@ func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &scoredBody{ReadCloser: resp.Body, s: t.s, node: node, ctx: r.Context()}
 	return resp, nil
+}
+
+// roundTrip sends r, watching for progress while no response headers
+// came (PeerScoreConfig.Alive).
+func (t *scoredTransport) roundTrip(r *http.Request, node string) (*http.Response, error) {
+	if t.s.cfg.Alive == nil {
+		return t.rt.RoundTrip(r)
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	headers := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t.watch(ctx, node, headers, cancel)
+	}()
+	resp, err := t.rt.RoundTrip(r.WithContext(ctx))
+	close(headers)
+	<-watched
+	if err != nil {
+		if errors.Is(context.Cause(ctx), ErrNoProgress) && r.Context().Err() == nil {
+			err = fmt.Errorf("peer %q: %w", node, ErrNoProgress)
+		}
+		cancel(nil)
+		return nil, err
+	}
+	// The body reads under ctx: cancelled when it is closed or read to
+	// the end (scoredBody), or with the request.
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// watch probes node every FirstByte until headers is closed; a probe
+// that gets no answer within FirstByte cancels the attempt.
+func (t *scoredTransport) watch(ctx context.Context, node string, headers <-chan struct{}, cancel context.CancelCauseFunc) {
+	period := t.s.cfg.FirstByte
+	tm := time.NewTimer(period)
+	defer tm.Stop()
+	for {
+		select {
+		case <-headers:
+			return
+		case <-ctx.Done():
+			return
+		case <-tm.C:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, period)
+		err := t.s.cfg.Alive(pctx, node)
+		pcancel()
+		select {
+		case <-headers:
+			return // the answer came meanwhile
+		default:
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				cancel(ErrNoProgress)
+			}
+			return
+		}
+		tm.Reset(period)
+	}
+}
+
+// cancelBody ends its attempt's context when the body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // scoredBody keeps its request counted in flight until it is closed or read

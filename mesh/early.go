@@ -1,0 +1,150 @@
+package mesh
+
+import (
+	"bytes"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Early adverts and peers back alive. Gossip does not order an origin's
+// alive message before its adverts: a node that comes back (restarted,
+// thawed after SIGSTOP, its false death refuted) may be heard advertising
+// just before it is heard alive. Such adverts are held, unverified, for
+// EarlyAdvertHold (at most earlyMaxTotal of them, earlyMaxPerOrigin per
+// origin) and verified once the origin is admitted; one still held when
+// the time is up is refused as unknown_origin. And when gossip sees a peer
+// alive again, this node re-advertises at once and exchanges every advert
+// it holds with that peer (a push/pull), instead of letting both wait for
+// the next refresh (AdvertTTL/3).
+
+// Bounds of the early-advert hold.
+const (
+	EarlyAdvertHold   = 3 * time.Second
+	earlyMaxTotal     = 256
+	earlyMaxPerOrigin = 32
+)
+
+type earlyAdvert struct {
+	msg []byte
+	at  time.Time
+}
+
+// early holds adverts by origin until it is admitted or they expire.
+type early struct {
+	mu sync.Mutex
+	by map[string][]earlyAdvert
+	n  int
+}
+
+// hold keeps a copy of msg for origin; false when the bounds are reached.
+func (e *early) hold(origin string, msg []byte) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.n >= earlyMaxTotal || len(e.by[origin]) >= earlyMaxPerOrigin {
+		return false
+	}
+	if e.by == nil {
+		e.by = map[string][]earlyAdvert{}
+	}
+	e.by[origin] = append(e.by[origin], earlyAdvert{msg: bytes.Clone(msg), at: time.Now()})
+	e.n++
+	return true
+}
+
+// take removes and returns what is held for origin.
+func (e *early) take(origin string) []earlyAdvert {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	held := e.by[origin]
+	delete(e.by, origin)
+	e.n -= len(held)
+	return held
+}
+
+// expired removes and returns, by origin, what was held longer than d.
+func (e *early) expired(now time.Time, d time.Duration) map[string][]earlyAdvert {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out map[string][]earlyAdvert
+	for origin, held := range e.by {
+		keep := held[:0]
+		for _, a := range held {
+			if now.Sub(a.at) < d {
+				keep = append(keep, a)
+				continue
+			}
+			if out == nil {
+				out = map[string][]earlyAdvert{}
+			}
+			out[origin] = append(out[origin], a)
+			e.n--
+		}
+		if len(keep) == 0 {
+			delete(e.by, origin)
+		} else {
+			e.by[origin] = keep
+		}
+	}
+	return out
+}
+
+// releaseEarly verifies the adverts held for origin, now a member. It is
+// called from memberlist's callbacks, whose locks handleAdvert's relay
+// must not wait on: the work runs in a goroutine of the Mesh.
+func (m *Mesh) releaseEarly(origin string) {
+	held := m.early.take(origin)
+	if len(held) == 0 {
+		return
+	}
+	m.spawn(func() {
+		for _, a := range held {
+			m.handleAdvert(a.msg, true)
+		}
+	})
+}
+
+// expireEarly refuses the adverts held too long: their origin never came.
+func (m *Mesh) expireEarly() {
+	for origin, held := range m.early.expired(time.Now(), EarlyAdvertHold) {
+		for _, a := range held {
+			role := ""
+			if body, _, _, err := decodeAdvert(a.msg); err == nil {
+				role = body.Role
+			}
+			m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin is not a live member (held "+EarlyAdvertHold.String()+")")
+		}
+	}
+}
+
+// peerBack re-advertises every role of ours now (new sequence numbers,
+// at most once per second however many peers come back) and exchanges
+// every advert held with name in a push/pull: it gets ours, we get the
+// ones it holds, its own included, without either waiting for the next
+// refresh.
+func (m *Mesh) peerBack(name string, sent map[string]sentAdvert) {
+	if now := time.Now(); now.Sub(m.lastBack) >= time.Second {
+		m.lastBack = now
+		for role, s := range sent {
+			s.at = time.Time{}
+			sent[role] = s
+		}
+		m.advertiseOnce(sent)
+	}
+	m.mu.RLock()
+	addr, ok := m.gossipLive[name]
+	m.mu.RUnlock()
+	if !ok {
+		return
+	}
+	// A push/pull is a TCP exchange bounded by memberlist's TCPTimeout:
+	// not on the advertise loop.
+	m.spawn(func() {
+		if _, err := m.ml.Join([]string{addr}); err != nil {
+			m.log.Debug("cannot exchange adverts with a peer back alive", zap.String("peer", name), zap.Error(err))
+			return
+		}
+		m.log.Debug("exchanged adverts with a peer back alive", zap.String("peer", name))
+	})
+}

@@ -1,0 +1,118 @@
+package mesh
+
+import (
+	"testing"
+	"time"
+)
+
+// After a death gossip alone believed (no QUIC confirmer here), the peer
+// refutes it and is seen alive again: its roles are back at once, from a
+// push/pull with it, not at its next refresh (AdvertTTL/3, a minute here,
+// longer than any wait below).
+func TestPeerBackAliveIsReadvertisedAtOnce(t *testing.T) {
+	c := newTestCluster(t)
+	c.ttl = 3 * time.Minute
+	a, b := c.node("a"), c.node("b")
+	a.tab.AllowRemoteNode("chat", "b", true)
+	b.serve(t, "chat", "m")
+	b.join(t, a)
+	eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	// The adverts' broadcasts die out first: a retransmission of one
+	// would bring chat back by itself.
+	eventually(t, 10*time.Second, "no advert broadcast queued", func() bool {
+		return a.m.bcast.NumQueued() == 0 && b.m.bcast.NumQueued() == 0
+	})
+
+	forgeDeath := deathForger(t, a)
+	eventually(t, 5*time.Second, "a forgets b after a forged death", func() bool {
+		forgeDeath("b")
+		time.Sleep(20 * time.Millisecond)
+		return !a.resolvesTo("chat", "b")
+	})
+	start := time.Now()
+	eventually(t, 5*time.Second, "a resolves chat to b again once b refuted its death", func() bool { return a.resolvesTo("chat", "b") })
+	back := time.Since(start)
+	t.Logf("chat back on a %v after the last forged death", back)
+
+	if back >= c.ttl/3 {
+		t.Errorf("chat came back after %v: the refresh, not the peer being back alive", back)
+	}
+}
+
+// An advert that arrives before its origin is a member is held, and
+// verified and ingested once the origin is admitted: not refused.
+func TestEarlyAdvertIsHeldUntilItsOriginIsAdmitted(t *testing.T) {
+	c := newTestCluster(t)
+	c.ttl = 3 * time.Minute
+	a, b := c.node("a"), c.node("b")
+	a.tab.AllowRemoteNode("chat", "b", true)
+	b.serve(t, "chat", "m")
+	msg := ownAdvert(t, b, "chat")
+	a.m.handleAdvert(msg, false) // b is not a member of a's mesh yet
+	if n := a.refusals(reasonUnknownOrigin); n != 0 {
+		t.Fatalf("an early advert was refused as unknown_origin (%d) instead of held", n)
+	}
+	if held := a.m.early.take("x"); held != nil {
+		t.Fatalf("held adverts for a node that sent none: %d", len(held))
+	}
+	a.m.early.mu.Lock()
+	n := a.m.early.n
+	a.m.early.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d adverts held, want 1", n)
+	}
+	// b joins; whether the held advert or the join's push/pull brings chat,
+	// the held one is taken and none is refused.
+	b.join(t, a)
+	eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	eventually(t, 5*time.Second, "the held advert is taken", func() bool {
+		a.m.early.mu.Lock()
+		defer a.m.early.mu.Unlock()
+		return a.m.early.n == 0
+	})
+	if n := a.refusals(reasonUnknownOrigin); n != 0 {
+		t.Errorf("%d unknown_origin refusals, want 0", n)
+	}
+}
+
+// Early adverts are held a bounded time and in bounded number: one whose
+// origin never comes is refused as unknown_origin after EarlyAdvertHold,
+// and beyond the per-origin bound they are refused at once.
+func TestEarlyAdvertsAreBounded(t *testing.T) {
+	c := newTestCluster(t)
+	a, z := c.node("a"), c.node("z")
+	z.serve(t, "chat", "m")
+	msg := ownAdvert(t, z, "chat")
+	for range earlyMaxPerOrigin + 1 {
+		a.m.handleAdvert(msg, false)
+	}
+	if n := a.refusals(reasonUnknownOrigin); n != 1 {
+		t.Fatalf("%d unknown_origin refusals after %d early adverts of one origin, want 1 (the one over the bound)", n, earlyMaxPerOrigin+1)
+	}
+	start := time.Now()
+	eventually(t, 2*EarlyAdvertHold, "the held adverts expire", func() bool {
+		return a.refusals(reasonUnknownOrigin) == earlyMaxPerOrigin+1
+	})
+	if d := time.Since(start); d < EarlyAdvertHold/2 {
+		t.Errorf("held adverts refused after %v, want about %v", d, EarlyAdvertHold)
+	}
+	if !a.audit.has(auditAdvertRefused, reasonUnknownOrigin) {
+		t.Errorf("the expired adverts were not audited")
+	}
+}
+
+// ownAdvert waits for n to advertise role and returns a copy of the
+// signed message.
+func ownAdvert(t *testing.T, n *testNode, role string) []byte {
+	t.Helper()
+	var msg []byte
+	eventually(t, 5*time.Second, n.name+" advertises "+role, func() bool {
+		n.m.advMu.Lock()
+		defer n.m.advMu.Unlock()
+		if r := n.m.adverts[advertKey{n.name, role}]; r != nil {
+			msg = append([]byte(nil), r.msg...)
+		}
+		return msg != nil
+	})
+	return msg
+}
