@@ -411,7 +411,7 @@ EOF
 # doing. Go programs run with GODEBUG=asyncpreemptoff=1 (callgrind aborts
 # on the signals of Go's asynchronous preemption). Then it is stopped; the
 # timed runs below start every contender afresh. The quick mode counts
-# infermesh and nginx only, over fewer requests.
+# infermesh, nginx and infermesh-before only, over fewer requests.
 INSTR_N=2000
 [ "$QUICK" = 1 ] && INSTR_N=300
 INSTR=()
@@ -442,8 +442,9 @@ count_instructions() {
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   for c in "${CONTENDERS[@]}"; do
     [ "$c" = direct ] && continue
-    # The quick mode counts the local path and nginx only.
-    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && continue
+    # The quick mode counts the local path and nginx only (and the build
+    # compared with, under BENCH_COMPARE).
+    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && [ "$c" != infermesh_before ] && continue
     log "counting instructions: $c (callgrind, $INSTR_N requests)"
     count_instructions "$c"
   done
