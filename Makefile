@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e
+.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e demo-image install
 
 all: build
 
@@ -15,6 +15,23 @@ build:
 ## run: the agent in dev mode (one node, the built-in demo model as role chat on 127.0.0.1:18080)
 run: build
 	$(BIN)/infermeshd -dev
+
+## demo-image: the demo model as a local image (DEMO_IMAGE, default infermesh-demo:local) for a managed
+## instance without a registry: FROM scratch, the static binary, serving on 0.0.0.0:8080
+DEMO_IMAGE ?= infermesh-demo:local
+demo-image: build
+	printf 'FROM scratch\nCOPY infermesh-demo /infermesh-demo\nEXPOSE 8080\nENTRYPOINT ["/infermesh-demo"]\nCMD ["-listen", "0.0.0.0:8080", "-model", "demo"]\n' \
+		| docker build -q -t $(DEMO_IMAGE) -f - $(BIN)
+
+## install: the binaries in $(PREFIX)/bin, the systemd unit, the sysctl drop-in, and the reference
+## config unless one exists (DESTDIR stages it elsewhere); then see README "Installing on a host"
+PREFIX ?= /usr/local
+install: build
+	install -D -m 0755 $(BIN)/infermeshd $(DESTDIR)$(PREFIX)/bin/infermeshd
+	install -D -m 0755 $(BIN)/infermesh $(DESTDIR)$(PREFIX)/bin/infermesh
+	install -D -m 0644 configs/infermeshd.service $(DESTDIR)/etc/systemd/system/infermeshd.service
+	install -D -m 0644 configs/60-infermesh-quic.conf $(DESTDIR)/etc/sysctl.d/60-infermesh-quic.conf
+	[ -e $(DESTDIR)/etc/infermesh/infermesh.yaml ] || install -D -m 0640 configs/infermesh.yaml $(DESTDIR)/etc/infermesh/infermesh.yaml
 
 ## node-image: the Debian bookworm systemd+sshd image docker nodes run (built once per recipe; see internal/nodeimage)
 node-image:

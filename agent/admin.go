@@ -15,6 +15,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/mesh"
 )
 
 // Admin is the agent's admin runtime: the state store, the backend, the
@@ -71,6 +72,14 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 		Group:   a.cfg.Admin.Group,
 		Logger:  ad.log,
 		OnRefused: func(c admin.Caller, method, path, why string) {
+			// Counted always; audited once per caller and reason per
+			// interval, so a read-only user cannot flood the history.
+			if opts.Metrics != nil {
+				opts.Metrics.Refused("admin_forbidden")
+			}
+			if !a.adminRefusals.allow(c.String()+"\x00"+why, time.Now()) {
+				return
+			}
 			a.audit.Record(Event{Kind: AuditAdminRefused, Fields: map[string]string{
 				"why": why, "request": method + " " + path, "caller": c.String(),
 			}})
@@ -79,7 +88,7 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 	if opts.Metrics != nil {
 		scfg.Metrics = opts.Metrics.Handler()
 		if opts.Mesh != nil {
-			opts.Metrics.SetMesh(meshStats{opts.Mesh})
+			opts.Metrics.SetMesh(meshStats{m: opts.Mesh, tr: a.Transport})
 		}
 	}
 	if ad.srv, err = admin.New(scfg); err != nil {
@@ -195,10 +204,10 @@ func (ad *Admin) countRefusals(ctx context.Context, ch <-chan Event) {
 // why, so they get one fixed label.
 func refusalReason(e Event) (string, bool) {
 	switch {
-	case !strings.HasSuffix(e.Kind, ".refused") || strings.HasPrefix(e.Kind, "mesh."):
+	case !strings.HasSuffix(e.Kind, ".refused") || strings.HasPrefix(e.Kind, "mesh.") || e.Kind == AuditAdminRefused:
+		// The mesh counts its own (Refusals); admin refusals are counted
+		// as they happen, their audit being rate-limited.
 		return "", false
-	case e.Kind == AuditAdminRefused:
-		return "admin_forbidden", true
 	case e.Fields["why"] != "":
 		return e.Fields["why"], true
 	}
@@ -238,8 +247,12 @@ func (ad *Admin) Close() error {
 	return ad.closeErr
 }
 
-// meshStats adapts the mesh to metrics.MeshSource.
-type meshStats struct{ m MeshAPI }
+// meshStats adapts the mesh (and its QUIC transport, once running) to
+// metrics.MeshSource.
+type meshStats struct {
+	m  MeshAPI
+	tr func() *mesh.Transport
+}
 
 func (s meshStats) PeerStates() map[string]int {
 	out := map[string]int{"admitted": 0, "not_admitted": 0}
@@ -255,4 +268,50 @@ func (s meshStats) PeerStates() map[string]int {
 	return out
 }
 
-func (s meshStats) Refusals() map[string]uint64 { return s.m.Refusals() }
+// Refusals merges the gossip refusals with the QUIC transport's (handshakes
+// and requests refused), the latter as quic_<reason>.
+func (s meshStats) Refusals() map[string]uint64 {
+	out := s.m.Refusals()
+	if s.tr == nil {
+		return out
+	}
+	if tr := s.tr(); tr != nil {
+		for why, n := range tr.Refusals() {
+			out["quic_"+why] += n
+		}
+	}
+	return out
+}
+
+// CertificateExpiry is this node's admission certificate's expiry.
+func (s meshStats) CertificateExpiry() (time.Time, bool) { return s.m.CertificateExpiry() }
+
+// auditLimiter lets one audit through per key per auditEvery: refusals
+// are counted always, audited at this rate.
+type auditLimiter struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// auditEvery is how often one repeated refusal (same key) is audited.
+const auditEvery = 10 * time.Second
+
+func (l *auditLimiter) allow(key string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string]time.Time{}
+	}
+	if t, ok := l.last[key]; ok && now.Sub(t) < auditEvery {
+		return false
+	}
+	if len(l.last) >= 4096 {
+		for k, t := range l.last {
+			if now.Sub(t) >= auditEvery {
+				delete(l.last, k)
+			}
+		}
+	}
+	l.last[key] = now
+	return true
+}

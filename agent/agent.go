@@ -90,6 +90,8 @@ type Agent struct {
 	scorer    *proxy.PeerScorer // nil without a mesh
 	remote    lateRemote        // the proxy's Remote: the QUIC transport once Run started it
 
+	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
+
 	started time.Time
 
 	mu        sync.Mutex

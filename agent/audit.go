@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -27,10 +28,21 @@ type Auditor struct {
 
 	mu     sync.Mutex
 	subs   map[chan Event]*int
-	recent []Event // a short history for new followers
+	recent []Event // a short history for new followers: everything but refusals
+	// refused is the history of refusals, apart: a flood of refusals (a
+	// stranger's handshakes, a read-only admin user's writes) can push out
+	// older refusals, never the joins, leaves and changes in recent.
+	refused []Event
 }
 
+// auditHistory bounds each of the two histories (refusals, the rest).
 const auditHistory = 64
+
+// isRefusal reports whether an event kind is a refusal
+// (mesh.node.refused, mesh.quic.refused, admin.refused, ...).
+func isRefusal(kind string) bool {
+	return strings.HasSuffix(kind, ".refused") || strings.Contains(kind, ".refused.")
+}
 
 // NewAuditor returns an Auditor logging to log.
 func NewAuditor(log *zap.Logger) *Auditor {
@@ -64,9 +76,13 @@ func (a *Auditor) Record(e Event) {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.recent = append(a.recent, e)
-	if len(a.recent) > auditHistory {
-		a.recent = append(a.recent[:0], a.recent[len(a.recent)-auditHistory:]...)
+	ring := &a.recent
+	if isRefusal(e.Kind) {
+		ring = &a.refused
+	}
+	*ring = append(*ring, e)
+	if len(*ring) > auditHistory {
+		*ring = append((*ring)[:0], (*ring)[len(*ring)-auditHistory:]...)
 	}
 	for ch, dropped := range a.subs {
 		select {
@@ -86,12 +102,12 @@ func (a *Auditor) Subscribe(buffer int) (<-chan Event, func()) {
 // SubscribeLast is Subscribe starting with only the last n events of the
 // recent history (all of it when n < 1).
 func (a *Auditor) SubscribeLast(buffer, n int) (<-chan Event, func()) {
-	if buffer < auditHistory {
-		buffer = auditHistory
+	if buffer < 2*auditHistory {
+		buffer = 2 * auditHistory
 	}
 	ch := make(chan Event, buffer)
 	a.mu.Lock()
-	for _, e := range lastN(a.recent, n) {
+	for _, e := range lastN(a.historyLocked(), n) {
 		ch <- e
 	}
 	var dropped int
@@ -108,9 +124,25 @@ func (a *Auditor) SubscribeLast(buffer, n int) (<-chan Event, func()) {
 	}
 }
 
-// Recent returns the recent history.
+// Recent returns the recent history, refusals included, oldest first.
 func (a *Auditor) Recent() []Event {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]Event(nil), a.recent...)
+	return a.historyLocked()
+}
+
+// historyLocked merges the two histories by time into a new slice.
+func (a *Auditor) historyLocked() []Event {
+	out := make([]Event, 0, len(a.recent)+len(a.refused))
+	i, j := 0, 0
+	for i < len(a.recent) || j < len(a.refused) {
+		if j == len(a.refused) || (i < len(a.recent) && !a.refused[j].Time.Before(a.recent[i].Time)) {
+			out = append(out, a.recent[i])
+			i++
+		} else {
+			out = append(out, a.refused[j])
+			j++
+		}
+	}
+	return out
 }

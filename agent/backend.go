@@ -49,6 +49,9 @@ type MeshAPI interface {
 	Revoked() []string
 	Refusals() map[string]uint64
 	JoinNow(addrs []string) (int, error)
+	RefusedNodes() []mesh.RefusedNode
+	CertificateExpiry() (time.Time, bool)
+	RotateGossipKey(ctx context.Context, p mesh.KeyPusher) (mesh.RotateResult, error)
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.
@@ -76,6 +79,7 @@ const (
 	AuditAdminPolicy  = "admin.policy"
 	AuditAdminReset   = "admin.policy.reset"
 	AuditAdminKeyring = "admin.keyring"
+	AuditKeyRotated   = "mesh.keyring.rotated"
 	AuditAdminReload  = "admin.reload"
 	AuditAdminRefused = "admin.refused"
 	AuditAdminRetry   = "admin.instance.retry"

@@ -33,6 +33,12 @@ func (b *Backend) ChangeKeyring(ctx context.Context, by admin.Caller, c admin.Ke
 	if b.mesh == nil {
 		return admin.Keyring{}, errNoMesh
 	}
+	if c.Op == admin.KeyringRotate {
+		note := b.rotateGossipKey(by, "keyring rotate")
+		k, err := b.Keyring(ctx)
+		k.Note = note
+		return k, err
+	}
 	key := strings.TrimSpace(c.Key)
 	if c.Op != admin.KeyringInstall {
 		if cur, err := b.Keyring(ctx); err == nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
@@ -174,7 +176,52 @@ func (b *Backend) SetPolicy(_ context.Context, by admin.Caller, c admin.PolicyCh
 	b.a.audit.Record(Event{Kind: AuditAdminPolicy, Role: k.Role, Node: k.Node, Fields: map[string]string{
 		"policy": string(k.Kind), "on": fmt.Sprint(c.On), "by": o.By, "changed": fmt.Sprint(changed),
 	}})
+	if k.Kind == store.KindRevoke && c.On && b.mesh != nil {
+		// The revoked node still holds the gossip key: rotate it, to the
+		// admitted nodes only.
+		note = b.rotateGossipKey(by, "revoked "+k.Node)
+	}
 	return admin.PolicyResult{Override: toAdminOverride(o, true), Changed: changed, Note: note}, nil
+}
+
+// rotateTimeout bounds a cluster-wide gossip key rotation.
+const rotateTimeout = 30 * time.Second
+
+// rotateGossipKey rotates the gossip key cluster-wide over QUIC, audits it
+// and returns what to tell the operator.
+func (b *Backend) rotateGossipKey(by admin.Caller, why string) string {
+	tr := b.a.Transport()
+	if tr == nil {
+		return "the gossip key was not rotated: the QUIC transport is not running"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rotateTimeout)
+	defer cancel()
+	res, err := b.mesh.RotateGossipKey(ctx, tr)
+	fields := map[string]string{"why": why, "by": by.String()}
+	if err != nil {
+		fields["error"] = err.Error()
+		b.a.audit.Record(Event{Kind: AuditKeyRotated, Fields: fields})
+		b.log.Error("gossip key rotation failed", zap.Error(err))
+		return "the gossip key rotation failed: " + err.Error()
+	}
+	fields["fingerprint"] = res.Fingerprint.String()
+	fields["peers"] = strings.Join(res.Peers, ",")
+	fields["took"] = res.Took.Round(time.Millisecond).String()
+	failed := make([]string, 0, len(res.Failed))
+	for n, e := range res.Failed {
+		failed = append(failed, n+": "+e)
+	}
+	slices.Sort(failed)
+	if len(failed) > 0 {
+		fields["failed"] = strings.Join(failed, "; ")
+	}
+	b.a.audit.Record(Event{Kind: AuditKeyRotated, Fields: fields})
+	msg := fmt.Sprintf("gossip key rotated to %s on this node and %d admitted peer(s) in %v", res.Fingerprint,
+		len(res.Peers), res.Took.Round(time.Millisecond))
+	if len(failed) > 0 {
+		msg += "; not reached (install the new key there by hand): " + strings.Join(failed, "; ")
+	}
+	return msg
 }
 
 // Policy implements admin.Backend.

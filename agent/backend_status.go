@@ -97,6 +97,15 @@ func (b *Backend) Peers(context.Context) ([]admin.Peer, error) {
 		}
 		out = append(out, p)
 	}
+	for _, r := range b.mesh.RefusedNodes() {
+		p := admin.Peer{Name: r.Name, State: admin.PeerRefused, Why: r.Why, GossipAddr: r.GossipAddr, Roles: []string{}}
+		if len(r.PublicKey) > 0 {
+			p.PublicKey = identity.EncodeKey(r.PublicKey)
+		}
+		seen := r.LastSeen.UTC()
+		p.LastSeen = &seen
+		out = append(out, p)
+	}
 	return out, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
@@ -377,6 +378,14 @@ func (f *fakeMesh) Revoked() []string {
 func (f *fakeMesh) Refusals() map[string]uint64 { return map[string]uint64{"bad_signature": 2} }
 
 func (f *fakeMesh) JoinNow([]string) (int, error) { return 0, errors.New("fake mesh: no network") }
+
+func (f *fakeMesh) RefusedNodes() []mesh.RefusedNode { return nil }
+
+func (f *fakeMesh) CertificateExpiry() (time.Time, bool) { return time.Time{}, false }
+
+func (f *fakeMesh) RotateGossipKey(context.Context, mesh.KeyPusher) (mesh.RotateResult, error) {
+	return mesh.RotateResult{}, errors.New("fake mesh: no network")
+}
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()

@@ -142,3 +142,21 @@ func TestJoinCommand(t *testing.T) {
 		t.Errorf("the join was not audited")
 	}
 }
+
+// TestUnknownPolicyNodesWarned: with static trust only, a serve_to or
+// accept_from name outside trust.nodes is reported (a typo); with an
+// authority it is not.
+func TestUnknownPolicyNodesWarned(t *testing.T) {
+	c := &Config{Node: NodeConfig{Name: "a"}, Roles: map[string]RoleConfig{
+		"chat": {AcceptFrom: []string{"b", "bb"}, ServeTo: []string{"c"}},
+	}}
+	c.Trust.Nodes = []TrustedNode{{Name: "b"}}
+	got := c.UnknownPolicyNodes()
+	if len(got) != 2 || !strings.Contains(got[0], `roles.chat.accept_from names "bb"`) || !strings.Contains(got[1], `roles.chat.serve_to names "c"`) {
+		t.Errorf("UnknownPolicyNodes() = %q, want bb (accept_from) and c (serve_to)", got)
+	}
+	c.Trust.Authority = "x"
+	if got := c.UnknownPolicyNodes(); len(got) != 0 {
+		t.Errorf("with an authority: %q, want none", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -78,6 +79,7 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	if !mc.Enabled() {
 		return nil, nil
 	}
+	a.warnUnknownPolicyNodes()
 	trust, err := a.cfg.MeshTrust()
 	if err != nil {
 		return nil, err
@@ -242,4 +244,46 @@ func saveJSON(db *bbolt.DB, bucket, key []byte, v any) error {
 		}
 		return bk.Put(key, b)
 	})
+}
+
+// UnknownPolicyNodes lists, as warnings, the nodes that roles.<r>.accept_from
+// and serve_to name but trust.nodes does not, when no trust.authority is
+// configured: then nothing can ever admit such a node, so the name is
+// almost always a typo. With an authority any name may hold a certificate,
+// and nothing is reported.
+func (c *Config) UnknownPolicyNodes() []string {
+	if strings.TrimSpace(c.Trust.Authority) != "" {
+		return nil
+	}
+	trusted := map[string]bool{c.Node.Name: true}
+	for _, n := range c.Trust.Nodes {
+		trusted[n.Name] = true
+	}
+	roles := make([]string, 0, len(c.Roles))
+	for r := range c.Roles {
+		roles = append(roles, r)
+	}
+	slices.Sort(roles)
+	var out []string
+	for _, r := range roles {
+		rc := c.Roles[r]
+		for _, f := range []struct {
+			key   string
+			names []string
+		}{{"accept_from", rc.AcceptFrom}, {"serve_to", rc.ServeTo}} {
+			for _, n := range f.names {
+				if !trusted[n] {
+					out = append(out, fmt.Sprintf("roles.%s.%s names %q, which is not in trust.nodes (and no trust.authority is configured): it can never be admitted; a typo?", r, f.key, n))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// warnUnknownPolicyNodes logs UnknownPolicyNodes.
+func (a *Agent) warnUnknownPolicyNodes() {
+	for _, w := range a.cfg.UnknownPolicyNodes() {
+		a.log.Warn(w)
+	}
 }

@@ -529,6 +529,10 @@ func TestRemoteHandshakeRefusesUnknownClients(t *testing.T) {
 			waitFor(t, "b audits the refused handshake", func() bool { return b.audited(mesh.AuditQUICRefused, tt.why) })
 		})
 	}
+	// Handshake refusals reach the metrics (infermesh_mesh_refusals_total).
+	if got := (meshStats{m: b.agent.Mesh(), tr: b.agent.Transport}).Refusals()["quic_"+mesh.RefusedNoCertificate]; got == 0 {
+		t.Errorf("quic_%s refusals = 0 in the metrics' source, want counted", mesh.RefusedNoCertificate)
+	}
 	if got := ub.requests.Load(); got != 0 {
 		t.Errorf("b's instance served %d requests, want 0", got)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/proxy"
 )
@@ -15,6 +16,10 @@ import (
 // This file connects the proxy to the QUIC transport between agents
 // (mesh.Transport): remote candidates go out through it, ordered by the peer
 // scorer, and peers' requests come in to the proxy's peer handler.
+
+// AuditKeyringByPeer: a full-scope peer changed this node's gossip
+// keyring over QUIC (a cluster-wide rotation).
+const AuditKeyringByPeer = "mesh.keyring.changed_by_peer"
 
 // errNoTransport answers remote attempts before the QUIC transport runs
 // (or after it stopped): the proxy skips to the next candidate.
@@ -69,6 +74,14 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
 	}
 	cfg.Leaving = m.Leaving
+	cfg.Keyring = m
+	cfg.OnKeyring = func(peer, op, key string) {
+		fp := ""
+		if raw, err := identity.ParseGossipKey(key); err == nil {
+			fp = identity.GossipKeyFingerprint(raw).String()
+		}
+		a.audit.Record(Event{Kind: AuditKeyringByPeer, Node: peer, Fields: map[string]string{"op": op, "fingerprint": fp}})
+	}
 	cfg.OnRefused = func(peer, why string) {
 		a.audit.Record(Event{Kind: mesh.AuditQUICRefused, Node: peer, Fields: map[string]string{"why": why}})
 	}

@@ -17,7 +17,7 @@
 #
 # Environment: BENCH_QUICK=1 quick mode; BENCH_KEEP=1 keeps the work
 # directory (configs and logs); BENCH_ARGS extra loadgen flags;
-# BENCH_COMPARE=<path to another infermeshd> adds it as the contender
+# BENCH_COMPARE=<path to another infermeshd, or a git ref> adds it as the contender
 # infermesh-before, measured in the same run (to compare two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +77,17 @@ GO=${GO:-go}
 [ -x bin/infermeshd ] && [ -x bin/infermesh-demo ] && [ -x bin/infermesh ] || CGO_ENABLED=0 $GO build -trimpath -o bin/ ./cmd/infermeshd ./cmd/infermesh-demo ./cmd/infermesh
 $GO build -o "$WORK/loadgen" ./bench/loadgen
 LOADGEN=$WORK/loadgen
+
+# BENCH_COMPARE names a binary, or a git ref built here into the work dir.
+if [ -n "${BENCH_COMPARE:-}" ] && [ ! -x "$BENCH_COMPARE" ]; then
+  ref=$BENCH_COMPARE
+  git rev-parse --verify -q "$ref^{commit}" >/dev/null || die "BENCH_COMPARE=$ref is neither an executable nor a git ref"
+  log "building infermeshd at $ref ($(git rev-parse --short "$ref^{commit}")) for infermesh-before"
+  mkdir -p "$WORK/compare-src"
+  git archive "$ref" | tar -x -C "$WORK/compare-src"
+  (cd "$WORK/compare-src" && CGO_ENABLED=0 $GO build -trimpath -o "$WORK/infermeshd-before" ./cmd/infermeshd)
+  BENCH_COMPARE=$WORK/infermeshd-before
+fi
 
 mapfile -t PORTS < <("$LOADGEN" -free-ports 32)
 port() { echo "${PORTS[$1]}"; }

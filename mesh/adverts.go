@@ -170,15 +170,22 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 	var ingestErr error
 	m.advMu.Lock()
 	m.mu.RLock()
-	cur := m.peers[origin]
+	cur, dropped := m.peers[origin], m.removed[origin]
 	m.mu.RUnlock()
 	if cur == nil || !cur.meta.key.Equal(p.meta.key) {
 		m.advMu.Unlock() // it left while we verified
 		m.refuse(auditAdvertRefused, origin, role, reasonUnknownOrigin, "origin left")
 		return
 	}
+	if dropped {
+		// Revoked (or its trust changed) while we verified: enforceAdmission
+		// already removed it from placement and must not be undone.
+		m.advMu.Unlock()
+		m.refuse(auditAdvertRefused, origin, role, reasonUnadmitted, "no longer admitted")
+		return
+	}
 	rec := m.adverts[k]
-	if rec != nil && body.Seq == rec.seq {
+	if rec != nil && body.Seq == rec.seq && !rec.gone {
 		m.advMu.Unlock() // a copy we already have: gossip repeats itself
 		return
 	}

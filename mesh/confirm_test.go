@@ -48,7 +48,7 @@ func deadPacket(t *testing.T, key []byte, label, node, from string, incarnation 
 func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Transport {
 	t.Helper()
 	tr, err := NewTransport(TransportConfig{Name: n.name, Key: n.m.NodeKey(), PacketConn: pc, Peers: n.m, Handler: echoHandler(),
-		KeepAlivePeriod: 100 * time.Millisecond, MaxIdleTimeout: time.Second, Leaving: n.m.Leaving})
+		KeepAlivePeriod: 100 * time.Millisecond, MaxIdleTimeout: time.Second, Leaving: n.m.Leaving, Keyring: n.m})
 	if err != nil {
 		t.Fatal(err)
 	}

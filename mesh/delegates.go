@@ -183,7 +183,15 @@ func (a *aliveDelegate) NotifyAlive(n *memberlist.Node) error {
 		}
 	}
 	if why == "" {
+		if n.Name != m.name {
+			m.refusedNodes.forget(n.Name)
+		}
 		return nil
+	}
+	if why == reasonUnadmitted {
+		m.refusedNodes.note(m, n, detail) // detail is the admission reason
+	} else {
+		m.refusedNodes.note(m, n, why)
 	}
 	m.refuse(auditNodeRefused, n.Name, "", why, detail)
 	return fmt.Errorf("%s: %s", why, detail)

@@ -126,9 +126,11 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 	defer wg.Wait()
 	tick := time.NewTicker(min(m.cfg.RejoinInterval, time.Second))
 	defer tick.Stop()
-	lastSave := time.Time{}
+	lastSave, lastCertWarn := time.Time{}, time.Time{}
 	for {
-		m.healRound(ctx, &wg, onJoin, onRefused)
+		if !m.ownCertExpired(&lastCertWarn) {
+			m.healRound(ctx, &wg, onJoin, onRefused)
+		}
 		if o.Seqs != nil {
 			m.saveSeqs(o.Seqs)
 		}

@@ -298,3 +298,30 @@ func TestPartitionHeals(t *testing.T) {
 	eventually(t, 30*time.Second, "the mesh merges again", func() bool { return whole(nodes, names) })
 	t.Logf("merged %v after the partition ended", time.Since(healedAt).Round(10*time.Millisecond))
 }
+
+// TestExpiredOwnCertificateDoesNotJoin: a node whose own certificate has
+// expired says so and does not try to join (every peer would refuse it);
+// CertificateExpiry reports the expiry for the metric.
+func TestExpiredOwnCertificateDoesNotJoin(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.node("a")
+	cfg := healConfig(c, "x") // a certificate valid for an hour
+	cfg.Join = []string{a.m.GossipAddr()}
+	x := c.start(cfg)
+	exp, ok := x.m.CertificateExpiry()
+	if !ok || exp.Before(time.Now()) {
+		t.Fatalf("CertificateExpiry() = %v, %v; want an hour ahead", exp, ok)
+	}
+	x.clock.Advance(2 * time.Hour) // x's clock: its certificate has expired
+	x.healing(t, nil)
+	// Heal runs every 100ms here: give it many rounds.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if len(x.m.ml.Members()) > 1 || a.refusals(reasonUnadmitted) > 0 {
+			t.Fatal("x tried to join with an expired certificate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	x.clock.Advance(-2 * time.Hour) // valid again: it joins
+	eventually(t, 5*time.Second, "x joins once its certificate is valid", func() bool { return a.m.IsAdmitted("x") })
+}

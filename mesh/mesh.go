@@ -73,9 +73,10 @@ type Mesh struct {
 	// may not be read outside them.
 	gossipLive map[string]string
 
-	metaCache metaCache
-	refusals  refusals
-	stats     gossipStats
+	metaCache    metaCache
+	refusals     refusals
+	refusedNodes refusedNodes // nodes refused membership, for peers and unrevoke
+	stats        gossipStats
 
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
@@ -155,7 +156,7 @@ func New(cfg Config) (*Mesh, error) {
 				c.Name, identity.EncodeKey(c.PublicKey), m.name, identity.EncodeKey(m.pub))
 		}
 		if !cfg.Now().Before(c.Expires) {
-			m.log.Warn("admission certificate expired", zap.Time("expires", c.Expires))
+			m.log.Error("this node's admission certificate has EXPIRED: peers will refuse it", zap.Time("expired", c.Expires))
 		}
 		m.cert = c
 	}
@@ -471,6 +472,7 @@ func (m *Mesh) SetTrust(c TrustConfig) error {
 	}
 	m.mu.Unlock()
 	m.enforceAdmission()
+	m.contactRefused()
 	return nil
 }
 
@@ -518,6 +520,7 @@ func (m *Mesh) Unrevoke(nameOrKey string) error {
 	m.mu.Unlock()
 	m.log.Info("unrevoked", zap.Stringer("node_or_key", r))
 	m.enforceAdmission()
+	m.contactRefused()
 	return nil
 }
 
@@ -540,7 +543,7 @@ func (m *Mesh) enforceAdmission() {
 	now := m.cfg.Now()
 	m.advMu.Lock()
 	defer m.advMu.Unlock()
-	var drop []string
+	var drop, readmitted []string
 	m.mu.Lock()
 	for name, p := range m.peers {
 		s, why := m.trust.admit(name, p.meta.key, p.meta.cert, p.certOK, now)
@@ -551,9 +554,21 @@ func (m *Mesh) enforceAdmission() {
 			m.log.Info("peer no longer admitted", zap.String("peer", name), zap.String("why", why))
 		case s != 0 && m.removed[name]:
 			delete(m.removed, name)
+			readmitted = append(readmitted, p.addr)
+			m.log.Info("peer admitted again", zap.String("peer", name))
 		}
 	}
 	m.mu.Unlock()
+	if len(readmitted) > 0 {
+		// Hear its adverts now, not at its next refresh: one push/pull
+		// brings its current ones (their sequence numbers are the ones we
+		// forgot at the revocation, which handleAdvert accepts again).
+		m.spawn(func() {
+			if _, err := m.ml.Join(readmitted); err != nil {
+				m.log.Debug("push/pull with peers admitted again", zap.Error(err))
+			}
+		})
+	}
 	for _, name := range drop {
 		m.forgetOriginLocked(name)
 		if m.sink != nil {

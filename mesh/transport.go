@@ -331,7 +331,7 @@ func (t *Transport) dial(ctx context.Context, hostport string, tlsCfg *tls.Confi
 	tlsCfg.ServerName = node
 	tlsCfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
 		if _, got, err := verifyNodeCert(t.dir, raw, node); err != nil {
-			t.refused(err, "addr:"+addr)
+			t.refused(err, "addr:"+hostOf(addr))
 			return err
 		} else if !got.Equal(key) {
 			// The directory changed between lookup and handshake: stay
@@ -390,7 +390,7 @@ func (t *Transport) serverTLSConfig() *tls.Config {
 		c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
 			_, _, err := verifyNodeCert(t.dir, raw, "")
 			if err != nil {
-				t.refused(err, "addr:"+remote)
+				t.refused(err, "addr:"+hostOf(remote))
 			}
 			return err
 		}
@@ -449,6 +449,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == probePath {
 		t.serveProbe(w)
+		return
+	}
+	if r.URL.Path == keyringPath {
+		t.serveKeyring(w, r, v.node)
 		return
 	}
 	if t.cfg.Handler == nil {
@@ -536,22 +540,39 @@ func (t *Transport) recheck() {
 }
 
 // refused counts a refusal and reports it (rate-limited) to OnRefused.
-func (t *Transport) refused(err error, fallback string) {
+// source is where it came from ("addr:<ip>" for a handshake, the port left
+// out), "" for a verified peer. The rate limit is keyed on the source when
+// there is one, never on a name the other side merely claims: a flood of
+// handshakes from fresh ports, or naming ever new nodes, is audited once
+// per source and reason per interval.
+func (t *Transport) refused(err error, source string) {
 	var re *refusalError
 	if !errors.As(err, &re) {
 		return
 	}
 	peer := re.node
 	if peer == "" {
-		peer = fallback
+		peer = source
 	}
-	if !t.refusals.count(AuditQUICRefused, peer, "", re.why) {
+	limitKey := source
+	if limitKey == "" {
+		limitKey = peer
+	}
+	if !t.refusals.count(AuditQUICRefused, limitKey, "", re.why) {
 		return
 	}
 	t.log.Info("peer refused", zap.String("peer", peer), zap.String("why", re.why), zap.String("detail", re.msg))
 	if t.cfg.OnRefused != nil {
 		t.cfg.OnRefused(peer, re.why)
 	}
+}
+
+// hostOf is addr without its port (addr itself when it has none).
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
 
 // Refusals returns how many peers were refused, by reason (the Refused*

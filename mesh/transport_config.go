@@ -93,13 +93,20 @@ type TransportConfig struct {
 	MaxStreamsPerPeer int64
 	// OnRefused is told about refused peers: handshakes (either side) and
 	// requests from a peer no longer admitted. peer is the node claimed, or
-	// "addr:<ip:port>" when none was. Called at most once per (peer, why)
+	// "addr:<ip>" when none was. Called at most once per (peer, why)
 	// every 10s; Refusals counts every one. Must not block.
 	OnRefused func(peer, why string)
 	// Leaving reports whether this node is leaving the mesh: the liveness
 	// probe (Transport.ConfirmAlive, from peers) then answers so, and peers
 	// forget this node at once. Nil: never leaving. Usually Mesh.Leaving.
 	Leaving func() bool
+	// Keyring applies keyring changes that full-scope peers send
+	// (Mesh.RotateGossipKey on another node). Nil: none are taken.
+	// Usually the Mesh.
+	Keyring KeyringChanger
+	// OnKeyring is told of every keyring change a peer made here (op, and
+	// the key in base64: never log it). Nil: none.
+	OnKeyring func(peer, op, key string)
 }
 
 // DefaultTransportConfig returns the defaults (without identity, address or

@@ -296,7 +296,10 @@ func TestTransportHandshakeRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			return []tls.Certificate{c}
-		}, RefusedNotAdmitted, "eve"},
+			// Same source (127.0.0.1) and reason as mallory's, within the
+			// audit interval: counted, not reported again under the new
+			// name (a flood cannot choose its way past the rate limit).
+		}, RefusedNotAdmitted, "mallory"},
 		{"admitted name, other key", func(t *testing.T) []tls.Certificate {
 			dir.set("carol", dirEntry{key: newKey(t).Public().(ed25519.PublicKey), admitted: true})
 			c, err := NodeCertificate("carol", newKey(t))
@@ -340,6 +343,38 @@ func TestTransportHandshakeRefusals(t *testing.T) {
 	}
 	if got := b.tr.Refusals()[RefusedNoCertificate]; got == 0 {
 		t.Errorf("Refusals()[%s] = 0, want counted", RefusedNoCertificate)
+	}
+	if got := b.tr.Refusals()[RefusedNotAdmitted]; got != 2 {
+		t.Errorf("Refusals()[%s] = %d, want 2 (mallory and eve)", RefusedNotAdmitted, got)
+	}
+}
+
+// TestTransportRefusalFloodIsAuditedOnce: handshakes without a certificate
+// from 40 fresh source ports of one address are all counted, and reported
+// once: the rate limit is keyed on the source address, not its port.
+func TestTransportRefusalFloodIsAuditedOnce(t *testing.T) {
+	dir := newStaticDir()
+	b := startNode(t, dir, "b", echoHandler(), nil)
+	for range 40 {
+		tc := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}, MinVersion: tls.VersionTLS13}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		conn, err := quic.DialAddr(ctx, b.tr.Addr().String(), tc, &quic.Config{})
+		if err == nil {
+			rt := (&http3.Transport{}).NewClientConn(conn)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://b/v1/chat/completions", strings.NewReader("{}"))
+			if resp, err := rt.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+			conn.CloseWithError(0, "")
+		}
+		cancel()
+	}
+	eventually(t, 5*time.Second, "every handshake counted", func() bool { return b.tr.Refusals()[RefusedNoCertificate] >= 40 })
+	b.refused.mu.Lock()
+	n := len(b.refused.seen)
+	b.refused.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d refusals reported for one source, want 1", n)
 	}
 }
 

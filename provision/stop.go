@@ -30,6 +30,7 @@ func (m *Manager) Stop(ctx context.Context, role string) error {
 	// reconcile leaves it alone: it has the desired spec.
 	ph := m.newInstance(role, in.spec, 0)
 	ph.restarts = in.restartsTotal()
+	ph.st.Image = in.status().Image // what was stopped, for the operator
 	ph.cancel = func() {}
 	close(ph.done)
 	ph.setState(StateRemoving, "stopping on the operator's request")

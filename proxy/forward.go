@@ -454,7 +454,9 @@ func copyFlush(w io.Writer, rc *http.ResponseController, src io.Reader, flushEac
 	}
 	bp := pool.Get().(*[]byte)
 	defer pool.Put(bp)
-	buf := *bp
+	// Whole capacity: copySSE puts its buffers back emptied (len 0), and a
+	// zero-length read buffer would spin forever on a live stream.
+	buf := (*bp)[:cap(*bp)]
 	var n int64
 	for {
 		m, rerr := src.Read(buf)

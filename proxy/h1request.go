@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -445,14 +446,16 @@ func validHost(h string) bool {
 	return true
 }
 
+// parseContentLength parses a Content-Length value: digits only (leading
+// zeros allowed, as net/http reads them), at most 2^63-1.
 func parseContentLength(v string) (int64, bool) {
-	if v == "" || len(v) > 18 {
+	if v == "" {
 		return 0, false
 	}
 	var n int64
 	for i := 0; i < len(v); i++ {
 		c := v[i]
-		if c < '0' || c > '9' {
+		if c < '0' || c > '9' || n > (math.MaxInt64-9)/10 {
 			return 0, false
 		}
 		n = n*10 + int64(c-'0')

@@ -150,7 +150,7 @@ func TestErrorsKeepTheirMeaning(t *testing.T) {
 		}, admin.ErrInvalid, 400},
 		{"no mesh", func() error { _, err := c.Keyring(ctx); return err }, admin.ErrNotConfigured, 503},
 		{"bad keyring op", func() error {
-			_, err := c.ChangeKeyring(ctx, admin.KeyringChange{Op: "rotate"})
+			_, err := c.ChangeKeyring(ctx, admin.KeyringChange{Op: "shuffle"})
 			return err
 		}, admin.ErrNotFound, 404},
 		{"no metrics", func() error { _, err := c.Metrics(ctx); return err }, admin.ErrNotConfigured, 503},

@@ -169,9 +169,9 @@ func (s *Server) routes() http.Handler {
 		}
 		kc.Op = r.PathValue("op")
 		switch kc.Op {
-		case KeyringInstall, KeyringUse, KeyringRemove:
+		case KeyringInstall, KeyringUse, KeyringRemove, KeyringRotate:
 		default:
-			writeError(w, Errorf(ErrNotFound, "keyring operation %q is not install, use or remove", kc.Op))
+			writeError(w, Errorf(ErrNotFound, "keyring operation %q is not install, use, remove or rotate", kc.Op))
 			return
 		}
 		reply(w, r, func(ctx context.Context) (Keyring, error) { return b.ChangeKeyring(ctx, c, kc) })

@@ -44,18 +44,23 @@ const (
 	PeerSelf        = "self"
 	PeerAdmitted    = "admitted"
 	PeerNotAdmitted = "not_admitted"
+	// PeerRefused: a node refused membership (wrong key, revoked, expired,
+	// not trusted); never a member, shown so the operator sees it.
+	PeerRefused = "refused"
 )
 
 // Peer is one mesh member (GET /v0/peers).
 type Peer struct {
 	Name       string   `json:"name"`
-	State      string   `json:"state"` // self, admitted, not_admitted
+	State      string   `json:"state"` // self, admitted, not_admitted, refused
 	Scope      string   `json:"scope,omitempty"`
 	Why        string   `json:"why,omitempty"` // why not admitted
 	GossipAddr string   `json:"gossip_addr,omitempty"`
 	QUICAddr   string   `json:"quic_addr,omitempty"`
 	PublicKey  string   `json:"public_key,omitempty"`
 	Roles      []string `json:"roles"` // roles it advertises that we hold, fresh or not
+	// LastSeen is when a refused node last tried to join (state refused).
+	LastSeen *time.Time `json:"last_seen,omitempty"`
 }
 
 // Rule sources.
@@ -183,6 +188,8 @@ type ResetResult struct {
 type Keyring struct {
 	Members int         `json:"members"` // live mesh members, this node included
 	Keys    []GossipKey `json:"keys"`    // primary first
+	// Note says how a cluster-wide change went (keyring rotate).
+	Note string `json:"note,omitempty"`
 }
 
 // GossipKey is one gossip key and how many members hold it. Key is the
@@ -199,6 +206,9 @@ const (
 	KeyringInstall = "install"
 	KeyringUse     = "use"
 	KeyringRemove  = "remove"
+	// KeyringRotate makes a new key the only one on this node and every
+	// admitted peer (sent over QUIC); no key is given.
+	KeyringRotate = "rotate"
 )
 
 // KeyringChange is POST /v0/keyring/{op}.

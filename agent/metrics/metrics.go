@@ -39,6 +39,9 @@ type MeshSource interface {
 	PeerStates() map[string]int
 	// Refusals counts the mesh's refusals by reason since start.
 	Refusals() map[string]uint64
+	// CertificateExpiry is when this node's admission certificate
+	// expires; false when it has none that matters.
+	CertificateExpiry() (time.Time, bool)
 }
 
 var _ PlacementSource = (*placement.Table)(nil)
@@ -335,12 +338,14 @@ var (
 		"Roles exposed to the mesh (1 per role).", []string{"role"}, nil)
 	descPeers = prometheus.NewDesc("infermesh_peers",
 		"Mesh members other than this node, by state.", []string{"state"}, nil)
+	descCertExpiry = prometheus.NewDesc("infermesh_certificate_expiry_timestamp_seconds",
+		"When this node's admission certificate expires (Unix time); absent without one.", nil, nil)
 	descMeshRefusals = prometheus.NewDesc("infermesh_mesh_refusals_total",
 		"Gossip messages and nodes the mesh refused, by reason.", []string{"reason"}, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals} {
+	for _, d := range []*prometheus.Desc{descGeneration, descAdverts, descLocal, descExposed, descPeers, descMeshRefusals, descCertExpiry} {
 		ch <- d
 	}
 }
@@ -380,6 +385,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for reason, n := range h.src.Refusals() {
 			ch <- prometheus.MustNewConstMetric(descMeshRefusals, prometheus.CounterValue, float64(n), reason)
+		}
+		if exp, ok := h.src.CertificateExpiry(); ok {
+			ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(exp.Unix()))
 		}
 	}
 }

@@ -181,6 +181,7 @@ func (fakeMesh) PeerStates() map[string]int { return map[string]int{"admitted": 
 func (fakeMesh) Refusals() map[string]uint64 {
 	return map[string]uint64{"bad_signature": 3}
 }
+func (fakeMesh) CertificateExpiry() (time.Time, bool) { return time.Unix(1_900_000_000, 0), true }
 
 func TestScrapeSources(t *testing.T) {
 	now := time.Unix(1000, 0)
@@ -211,6 +212,7 @@ func TestScrapeSources(t *testing.T) {
 		`infermesh_peers{state="admitted"} 2`,
 		`infermesh_peers{state="not_admitted"} 1`,
 		`infermesh_mesh_refusals_total{reason="bad_signature"} 3`,
+		`infermesh_certificate_expiry_timestamp_seconds 1.9e+09`,
 		`infermesh_refusals_total{reason="node not allowlisted for role"} 1`,
 	} {
 		if !strings.Contains(exp, want) {

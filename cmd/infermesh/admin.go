@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -86,15 +87,46 @@ func newRolesCmd(a *app) *cobra.Command {
 }
 
 func newRouteCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	var serving bool
+	cmd := &cobra.Command{
 		Use:   "route ROLE",
 		Short: "Explain which node serves a role now and why every other node does not",
-		Args:  cobra.ExactArgs(1),
+		Long: `route explains ROLE's placement now. With --serving it first waits, up to
+--wait, until a node serves ROLE (a script's "wait until it works" step),
+and fails (exit 1) with the explanation when none does by then.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Route, error) {
-				return c.Route(ctx, args[0])
+				if !serving {
+					return c.Route(ctx, args[0])
+				}
+				return waitServed(ctx, c, args[0], a.wait)
 			}, renderRoute)
 		},
+	}
+	cmd.Flags().BoolVar(&serving, "serving", false, "wait (up to --wait) until a node serves the role")
+	return cmd
+}
+
+// waitServed polls role's route until a node serves it or wait is over.
+func waitServed(ctx context.Context, c *admin.Client, role string, wait time.Duration) (admin.Route, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		rt, err := c.Route(ctx, role)
+		if err == nil && rt.Serving != "" {
+			return rt, nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return rt, err
+			}
+			return rt, fmt.Errorf("no node serves role %s after %v:\n%s", role, wait, strings.TrimRight(renderRoute(rt), "\n"))
+		}
+		select {
+		case <-ctx.Done():
+			return rt, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 
@@ -234,11 +266,23 @@ func newKeyringCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keyring",
 		Short: "Rotate the gossip encryption keys across the cluster",
-		Long: `Rotation: 'keyring install NEW' (every node learns it), wait until NEW is
-held by every node ('keyring list'), 'keyring use NEW', then
-'keyring remove OLD'. The primary key cannot be removed. Keys may be
+		Long: `'keyring rotate' makes a new key the only one on this node and on every
+admitted peer, sent over the authenticated QUIC transport (never to a revoked
+node); 'revoke' does it too. By hand, node by node: 'keyring install NEW',
+wait until NEW is held by every node ('keyring list'), 'keyring use NEW',
+then 'keyring remove OLD'. The primary key cannot be removed. Keys may be
 named by their fingerprint for use and remove.`,
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "rotate",
+		Short: "Make a new gossip key the only one on every admitted node (over QUIC)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Keyring, error) {
+				return c.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringRotate})
+			}, renderKeyring)
+		},
+	})
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "List the gossip keys and how many nodes hold each",

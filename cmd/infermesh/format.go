@@ -80,12 +80,25 @@ func orDash(xs []string) []string {
 
 func renderPeers(ps []admin.Peer) string {
 	rows := [][]string{{"NAME", "STATE", "SCOPE", "GOSSIP", "QUIC", "ROLES", "WHY"}}
+	var refused [][]string
 	for _, p := range ps {
+		if p.State == admin.PeerRefused {
+			seen := "-"
+			if p.LastSeen != nil {
+				seen = fmtTime(*p.LastSeen)
+			}
+			refused = append(refused, []string{p.Name, dash(p.Why), dash(p.GossipAddr), dash(p.PublicKey), seen})
+			continue
+		}
 		rows = append(rows, []string{
 			p.Name, p.State, dash(p.Scope), dash(p.GossipAddr), dash(p.QUICAddr), joinOr(p.Roles, "-"), dash(p.Why),
 		})
 	}
-	return table(rows)
+	out := table(rows)
+	if len(refused) > 0 {
+		out += "\nrefused (never members):\n" + table(append([][]string{{"NAME", "WHY", "GOSSIP", "KEY PRESENTED", "LAST SEEN"}}, refused...))
+	}
+	return out
 }
 
 func dash(s string) string {
@@ -255,6 +268,9 @@ func renderKeyring(k admin.Keyring) string {
 			primary = "yes"
 		}
 		rows = append(rows, []string{g.Fingerprint, dash(primary), fmt.Sprintf("%d/%d", g.Nodes, k.Members), dash(g.Key)})
+	}
+	if k.Note != "" {
+		return k.Note + "\n" + table(rows)
 	}
 	return table(rows)
 }

@@ -131,6 +131,23 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, identity.EncodeKey(cert.PublicKey), cert.Scope, nodePub)
 	}
 
+	// infermesh cert shows it, from the text or a file, and checks it.
+	certFile := filepath.Join(dir, "node-1.cert")
+	if err := os.WriteFile(certFile, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, arg := range []string{strings.TrimSpace(out), certFile} {
+		shown, errOut, code := runCLI(t, "cert", arg, "--authority", init.PublicKey)
+		for _, want := range []string{"subject:    node-1", "scope:      consumer", "public key: " + nodePub, "expires in", "valid for the authority"} {
+			if code != 0 || !strings.Contains(shown, want) {
+				t.Errorf("cert %.20s... = %q (exit %d, %s), want %q", arg, shown, code, errOut, want)
+			}
+		}
+	}
+	if shown, _, code := runCLI(t, "cert", certFile, "--authority", identity.EncodeKey(nodePubKey(t, nodePub))); code != 0 || !strings.Contains(shown, "NOT by this authority") {
+		t.Errorf("cert with another authority = %q (exit %d), want the signature refused", shown, code)
+	}
+
 	bad := [][]string{
 		{"--name", "node-1", "--public-key", "xx"},
 		{"--name", "bad name", "--public-key", nodePub},
@@ -155,4 +172,13 @@ func TestSocketDefault(t *testing.T) {
 	if a.socket != "/tmp/x.sock" {
 		t.Errorf("socket = %q, want INFERMESH_SOCKET's /tmp/x.sock", a.socket)
 	}
+}
+
+func nodePubKey(t *testing.T, s string) ed25519.PublicKey {
+	t.Helper()
+	k, err := identity.ParsePublicKey(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

@@ -27,7 +27,7 @@ import (
 
 // Static builds of the demo model and this CLI, made once, in a directory
 // every user may read (the root-owned data test runs the CLI as nobody).
-var bins = &testbin.Lazy{Pkgs: []string{"./cmd/infermesh-demo", "./cmd/infermesh"}}
+var bins = &testbin.Lazy{Pkgs: []string{"./cmd/infermesh-demo", "./cmd/infermesh", "./cmd/infermeshd"}}
 
 func staticBins(t *testing.T) map[string]string { return bins.Get(t) }
 

@@ -1,0 +1,153 @@
+package mesh
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/infermesh/infermesh/identity"
+)
+
+// keyFPs lists the fingerprints of n's gossip keys.
+func keyFPs(n *testNode) []identity.Fingerprint {
+	var out []identity.Fingerprint
+	for _, k := range n.m.keyring.GetKeys() {
+		out = append(out, identity.GossipKeyFingerprint(k))
+	}
+	return out
+}
+
+// quicCluster is a test cluster whose nodes each get a QUIC socket on
+// their own address (pcs, by node name) advertised in their meta.
+func quicCluster(t *testing.T) (*testCluster, map[string]net.PacketConn) {
+	c := newTestCluster(t)
+	pcs := map[string]net.PacketConn{}
+	c.tweak = func(cfg *Config) {
+		pc, err := net.ListenPacket("udp", cfg.BindAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		pcs[cfg.NodeName] = pc
+		cfg.QUICAddr = pc.LocalAddr().String()
+	}
+	return c, pcs
+}
+
+// TestRevocationRotatesTheGossipKey: a, b and c share the gossip key; c is
+// revoked on a, and a rotates the key cluster-wide. The new key reaches b
+// over QUIC and never c; the old key is gone everywhere else, so c's
+// gossip (here: a forged death of b under the old key) is dropped and c
+// can read no one's.
+func TestRevocationRotatesTheGossipKey(t *testing.T) {
+	c, pcs := quicCluster(t)
+	tweak := c.tweak
+	c.tweak = func(cfg *Config) {
+		tweak(cfg)
+		// Each node its own keyring file, as on separate hosts.
+		b, err := os.ReadFile(c.keyring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cfg.KeyringPath = filepath.Join(cfg.StateDir, "keyring.json")
+		if err := os.WriteFile(cfg.KeyringPath, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := cluster(t, c, "a", "b", "c")
+	a, b, cn := nodes[0], nodes[1], nodes[2]
+	a.tab.AllowRemoteNode("chat", "b", true)
+	b.serve(t, "chat", "m")
+	trs := map[string]*Transport{}
+	for _, n := range nodes {
+		tr := quicNode(t, n, pcs[n.name], false)
+		trs[n.name] = tr
+	}
+	eventually(t, 10*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	oldKeys, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldFP := identity.GossipKeyFingerprint(oldKeys[0])
+
+	revoked := time.Now()
+	if err := a.m.Revoke("c"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := a.m.RotateGossipKey(ctx, trs["a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("revoked c; old key gone from every admitted node %v after the revocation (rotation took %v)",
+		time.Since(revoked).Round(time.Millisecond), res.Took.Round(time.Millisecond))
+	if len(res.Failed) != 0 || !slices.Equal(res.Peers, []string{"b"}) {
+		t.Errorf("rotation reached %v, failed %v; want b only, no failure", res.Peers, res.Failed)
+	}
+	for _, n := range []*testNode{a, b} {
+		if got := keyFPs(n); !slices.Equal(got, []identity.Fingerprint{res.Fingerprint}) {
+			t.Errorf("%s holds %v, want only the new key %v", n.name, got, res.Fingerprint)
+		}
+		saved, err := identity.LoadKeyring(n.m.cfg.KeyringPath)
+		if err != nil || len(saved) != 1 || identity.GossipKeyFingerprint(saved[0]) != res.Fingerprint {
+			t.Errorf("%s's keyring file holds %d keys (%v), want the new one", n.name, len(saved), err)
+		}
+	}
+	if got := keyFPs(cn); !slices.Equal(got, []identity.Fingerprint{oldFP}) {
+		t.Errorf("revoked c holds %v, want only the old key", got)
+	}
+
+	// c, with the old key, forges b's death to a: dropped.
+	attacker, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer attacker.Close()
+	to, _ := net.ResolveUDPAddr("udp", a.m.GossipAddr())
+	for i := range 20 {
+		if _, err := attacker.WriteTo(deadPacket(t, oldKeys[0], "test", "b", "c", uint32(5000+i)), to); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if !a.resolvesTo("chat", "b") {
+			t.Fatal("a dropped b after a death forged with the old key")
+		}
+	}
+	// c reads nothing any more: it loses a and b.
+	eventually(t, 20*time.Second, "c can no longer gossip with a and b", func() bool {
+		return slices.Equal(memberNames(cn.m), []string{"c"})
+	})
+	if !slices.Equal(memberNames(a.m), []string{"a", "b"}) || !slices.Equal(memberNames(b.m), []string{"a", "b"}) {
+		t.Errorf("after the rotation a sees %v and b sees %v, want a and b", memberNames(a.m), memberNames(b.m))
+	}
+}
+
+// TestKeyringChangesOnlyFromFullScopePeers: a consumer-scope node cannot
+// push a keyring change.
+func TestKeyringChangesOnlyFromFullScopePeers(t *testing.T) {
+	c, pcs := quicCluster(t)
+	a := c.node("a")
+	cfg := c.config("k")
+	cfg.Certificate = c.certFor(cfg, identity.ScopeConsumer, time.Hour)
+	k := c.start(cfg)
+	k.join(t, a)
+	eventually(t, 5*time.Second, "a admits k", func() bool { return a.m.IsAdmitted("k") })
+	quicNode(t, a, pcs["a"], false)
+	trk := quicNode(t, k, pcs["k"], false)
+	key, _ := identity.NewGossipKey()
+	err := trk.PushKeyring(context.Background(), "a", KeyringOp{Op: KeyringOpInstall, Key: key})
+	if err == nil {
+		t.Fatal("a took a keyring change from a consumer-scope node")
+	}
+	if len(a.m.keyring.GetKeys()) != 1 {
+		t.Errorf("a holds %d keys, want 1", len(a.m.keyring.GetKeys()))
+	}
+}
