@@ -201,7 +201,10 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	for _, other := range tm.order {
 		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
 	}
-	fmt.Fprintf(&b, "proxy: {connect_timeout: 1s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
+	// connect_timeout bounds a QUIC handshake too: 5s, as a loaded machine
+	// under -race can take over a second for one (a dead peer is found by
+	// the transport's short idle timeout, not by this bound).
+	fmt.Fprintf(&b, "proxy: {connect_timeout: 5s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
@@ -269,6 +272,24 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		return a.Transport() != nil
 	})
 	return n
+}
+
+// admitEachOther waits until the running nodes admit one another: a node
+// that hears a peer's advert before that peer admits it is refused by it
+// (not admitted), which most tests are not about.
+func (tm *testMesh) admitEachOther(names ...string) {
+	tm.t.Helper()
+	for _, x := range names {
+		for _, y := range names {
+			if x == y {
+				continue
+			}
+			waitFor(tm.t, x+" admits "+y, func() bool {
+				m := tm.nodes[x].agent.Mesh()
+				return m != nil && m.IsAdmitted(y)
+			})
+		}
+	}
 }
 
 // stop stops name's agent (gracefully) once.
@@ -354,6 +375,7 @@ func TestRemoteRoleServedByPeerWithSDK(t *testing.T) {
 	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
 	tm.start("c", map[string]roleSpec{"other": {}}, false)
 	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	tm.admitEachOther("a", "b")
 
 	c := sdkClient(a.url("chat"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -188,6 +188,15 @@ func (f *fixture) nativeOf(node string) *provision.NativeProvider {
 	return p
 }
 
+// stopFollowing closes the native providers, as a stopped agent does:
+// site cleanup runs only then. The processes keep running; a provider still
+// following one would write its record again when the cleanup ends it.
+func (f *fixture) stopFollowing() {
+	for _, p := range f.natives {
+		p.Close()
+	}
+}
+
 // process starts node's native instance of role (the demo model) and
 // returns its pid once it answers.
 func (f *fixture) process(node, role string) int {
@@ -258,6 +267,7 @@ func TestScopes(t *testing.T) {
 	bC := f.container("b", "chat", false)
 	aP := f.process("a", "embed")
 	bP := f.process("b", "embed")
+	f.stopFollowing()
 
 	other := newFixture(t)
 	otherC := other.container("a", "chat", false)

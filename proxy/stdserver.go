@@ -145,19 +145,40 @@ func (s *stdServer) reapIdle(n int) {
 	}
 }
 
-// Shutdown closes the connections still sending a body at once, then
-// shuts net/http's server down (idle ones close, requests finish).
+// Shutdown shuts net/http's server down (idle connections close, requests
+// finish) and, until it returns, closes every connection still sending a
+// body: a stalled body would hold it for its whole timeout. The closing is
+// repeated because a connection whose head was still being read when
+// Shutdown began reaches its body later.
 func (s *stdServer) Shutdown(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Shutdown(ctx) }()
+	wait := time.Millisecond
+	for {
+		s.closeStalled()
+		t := time.NewTimer(wait)
+		select {
+		case err := <-done:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// closeStalled closes the connections still sending a request body.
+func (s *stdServer) closeStalled() {
 	s.mu.Lock()
 	var stalled []net.Conn
 	for c := range s.inBody {
 		stalled = append(stalled, c)
+		delete(s.inBody, c)
 	}
 	s.mu.Unlock()
 	for _, c := range stalled {
 		c.Close()
 	}
-	return s.srv.Shutdown(ctx)
 }
 
 func (s *stdServer) Close() error { return s.srv.Close() }

@@ -436,6 +436,12 @@ func TestNodeAddAgentKilled(t *testing.T) {
 	waitFor(t, 2*time.Minute, "the restarted agent to tear k1 down", func() bool {
 		return len(nodeList(t, sock).Nodes) == 0
 	})
+	// Recovery drops the overrides of adds that left no node once the
+	// teardown is over, a moment after the record went.
+	waitFor(t, 30*time.Second, "the restarted agent to drop k1's override", func() bool {
+		out, _, _ := runCLI(t, "policy", "list", "--json", "--socket", sock)
+		return !strings.Contains(out, `"node": "k1"`)
+	})
 	e.assertGone(nil, sock, "k1")
 	waitFor(t, 30*time.Second, "k1 gone from the restarted agent's mesh view", func() bool {
 		out, _, _ := runCLI(t, "peers", "--json", "--socket", sock)
