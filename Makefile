@@ -40,8 +40,9 @@ node-image:
 ## test: every test, with the race detector (the Docker tests included: they need a running engine)
 test:
 	$(GO) test -race -count=1 -timeout 25m $(TESTFLAGS) ./...
-	# the proxy suite again against net/http's server and client (proxy.server: std)
+	# the proxy suite and the agent's abuse tests again against net/http's server and client (proxy.server: std)
 	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./proxy
+	INFERMESH_PROXY_SERVER=std $(GO) test -race -count=1 -timeout 5m -run 'TestFDExhaustion|TestSIGTERMDuringAbuse' $(TESTFLAGS) ./cmd/infermeshd
 
 ## e2e: the cluster harness: N systemd hosts in containers (E2E_HOSTS, default 5) under faults, a table per fault (see e2e/)
 e2e:

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -225,19 +226,23 @@ func TestAbuseStalledBody(t *testing.T) {
 	shutdownPromptly(t, e2)
 }
 
-// TestAbuseStalledReader: a client that stops reading a stream is cut at
-// the write timeout, which frees the instance (its request is cancelled).
-func TestAbuseStalledReader(t *testing.T) {
-	cancelled := make(chan struct{})
+// stalledReader makes e's instance stream comment events without end
+// and opens a stream that is never read, so the proxy's writes fill the
+// socket buffers and stall. cancelled closes when the instance's request
+// is cancelled; wrote counts the bytes it sent.
+func stalledReader(t *testing.T, e *env) (cancelled chan struct{}, wrote *atomic.Int64) {
+	t.Helper()
+	cancelled, wrote = make(chan struct{}), new(atomic.Int64)
 	var once sync.Once
-	e := newEnv(t, Config{WriteTimeout: 300 * time.Millisecond})
 	e.upstream(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		// Comment events: nothing to rewrite, so the buffers fill fast.
 		chunk := ": " + strings.Repeat("p", 16<<10) + "\n\n"
 		for r.Context().Err() == nil {
-			if _, err := io.WriteString(w, chunk); err != nil {
+			n, err := io.WriteString(w, chunk)
+			wrote.Add(int64(n))
+			if err != nil {
 				break
 			}
 			_ = rc.Flush()
@@ -251,7 +256,44 @@ func TestAbuseStalledReader(t *testing.T) {
 	}
 	body := `{"model":"chat","stream":true}`
 	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n%s", pathChat, addr, len(body), body)
-	// Never read: the proxy's writes fill the socket buffers and stall.
+	return cancelled, wrote
+}
+
+// TestAbuseShutdownGrace: with header and write timeouts of an hour, a
+// slowloris and a stalled reader do not hold Shutdown: a request head
+// still arriving and a blocked write get shutdownGrace. (The stalled
+// reader holds the only instance slot, so no other client is asked.)
+func TestAbuseShutdownGrace(t *testing.T) {
+	tests := []struct {
+		name  string
+		abuse func(t *testing.T, e *env, addr string)
+	}{
+		{"slowloris", func(t *testing.T, e *env, addr string) {
+			for _, c := range dialMany(t, addr, 20) {
+				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nX-Slow: s", pathChat, addr)
+			}
+			waitFor(t, "twenty slow heads", func() bool { return e.proxy.conns.open.Load() == 20 })
+			answered(t, e, "20 slow heads")
+		}},
+		{"stalled reader", func(t *testing.T, e *env, _ string) {
+			_, wrote := stalledReader(t, e)
+			waitFor(t, "a stalled stream", func() bool { return wrote.Load() > 1<<20 })
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, addr := abuseEnv(t, Config{HeaderTimeout: time.Hour, WriteTimeout: time.Hour})
+			tt.abuse(t, e, addr)
+			shutdownPromptly(t, e)
+		})
+	}
+}
+
+// TestAbuseStalledReader: a client that stops reading a stream is cut at
+// the write timeout, which frees the instance (its request is cancelled).
+func TestAbuseStalledReader(t *testing.T) {
+	e := newEnv(t, Config{WriteTimeout: 300 * time.Millisecond})
+	cancelled, _ := stalledReader(t, e)
 	select {
 	case <-cancelled:
 	case <-time.After(30 * time.Second):

@@ -49,6 +49,7 @@ type h1Server struct {
 
 	stopping atomic.Bool   // Shutdown or Close began
 	quit     chan struct{} // closed when stopping begins
+	graceEnd time.Time     // Shutdown's deadline for heads and blocked writes; set before quit closes
 
 	mu        sync.Mutex
 	ln        net.Listener
@@ -210,6 +211,7 @@ func (s *h1Server) reapIdle(n int) {
 func (s *h1Server) beginStop() {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
+		s.graceEnd = time.Now().Add(shutdownGrace)
 		s.stopping.Store(true)
 		close(s.quit)
 		ln := s.ln
@@ -246,22 +248,26 @@ func (s *h1Server) Shutdown(ctx context.Context) error {
 
 // closeIdle closes the connections waiting for a request, lingering, or
 // still sending a request body (a stalled body would hold Shutdown for
-// its whole timeout), and returns how many are still serving a request.
+// its whole timeout), gives those reading a request head and those in a
+// blocked write until graceEnd (a slowloris or a stalled reader would
+// hold it for the header or write timeout), and returns how many are
+// still serving a request.
 func (s *h1Server) closeIdle() int {
-	var idle, inBody []*h1Conn
-	busy := 0
+	var idle, inBody, active []*h1Conn
 	s.mu.Lock()
 	for c := range s.conns {
 		switch {
 		case c.state.CompareAndSwap(connIdle, connClosed), c.state.CompareAndSwap(connLinger, connClosed):
 			idle = append(idle, c)
 		case c.state.Load() == connActive:
-			busy++
 			if c.inBody.Load() {
 				inBody = append(inBody, c)
+			} else {
+				active = append(active, c)
 			}
 		}
 	}
+	graceEnd := s.graceEnd
 	s.mu.Unlock()
 	for _, c := range idle {
 		c.nc.Close()
@@ -269,7 +275,21 @@ func (s *h1Server) closeIdle() int {
 	for _, c := range inBody {
 		c.abort()
 	}
-	return busy
+	for _, c := range active {
+		if !c.graced.Swap(true) {
+			// Once: later writes get shutdownGrace each (deadlineConn).
+			_ = c.nc.SetWriteDeadline(graceEnd)
+		}
+		// Under wmu, so the deadline cannot land after the head was read
+		// (serveRequest clears it there). Repeated: serve may have set
+		// the header timeout just after an earlier pass.
+		c.wmu.Lock()
+		if c.inHead.Load() {
+			_ = c.nc.SetReadDeadline(graceEnd)
+		}
+		c.wmu.Unlock()
+	}
+	return len(inBody) + len(active)
 }
 
 // Close stops accepting and closes every connection at once, cancelling
@@ -324,6 +344,8 @@ type h1Conn struct {
 	bw         *bufio.Writer
 	state      atomic.Int32
 	inBody     atomic.Bool // the handler may be waiting for request body bytes
+	inHead     atomic.Bool // reading a request head; cleared under wmu
+	graced     atomic.Bool // Shutdown moved the write deadline to graceEnd
 	remoteAddr string
 
 	// Per request, reused.
@@ -352,7 +374,7 @@ func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
 		s:          s,
 		nc:         nc,
 		br:         bufio.NewReaderSize(nc, connReadBufSize),
-		bw:         bufio.NewWriterSize(deadlineConn{nc, s.cfg.WriteTimeout}, connWriteBufSize),
+		bw:         bufio.NewWriterSize(deadlineConn{nc, s.cfg.WriteTimeout, &s.stopping}, connWriteBufSize),
 		remoteAddr: nc.RemoteAddr().String(),
 		hdr:        make(http.Header, 16),
 		vals:       make([]string, 0, 16),
@@ -403,6 +425,7 @@ func (c *h1Conn) serve() {
 		if !c.state.CompareAndSwap(connIdle, connActive) {
 			return // Shutdown closed it while idle
 		}
+		c.inHead.Store(true)
 		_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
 		if !c.serveRequest() {
 			return
@@ -418,6 +441,9 @@ func (c *h1Conn) serve() {
 // connection may carry another.
 func (c *h1Conn) serveRequest() bool {
 	r, herr := c.readRequest()
+	c.wmu.Lock()
+	c.inHead.Store(false)
+	c.wmu.Unlock()
 	if herr != nil {
 		if herr.status != 0 {
 			c.writeError(herr)

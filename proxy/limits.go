@@ -45,16 +45,29 @@ func (l *connLimiter) release() { l.open.Add(-1) }
 // time to close idle ones early.
 func (l *connLimiter) near() bool { return l.open.Load()*10 >= l.max*9 }
 
+// shutdownGrace is what a connection gets once Shutdown began: to finish
+// sending a request head, and for each write of a response. A client
+// that sends or reads normally needs far less on loopback; a slowloris
+// or a stalled reader would otherwise hold the stop for the header or
+// write timeout.
+const shutdownGrace = 2 * time.Second
+
 // deadlineConn gives every Write a fresh deadline, so a client that stops
 // reading fails the write after d instead of holding its stream (and the
-// instance's slot) forever. Caddy wraps its conns the same way.
+// instance's slot) forever. Caddy wraps its conns the same way. Once
+// stop is set (Shutdown began) the deadline is at most shutdownGrace.
 type deadlineConn struct {
 	net.Conn
-	d time.Duration
+	d    time.Duration
+	stop *atomic.Bool
 }
 
 func (c deadlineConn) Write(p []byte) (int, error) {
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.d))
+	d := c.d
+	if c.stop.Load() {
+		d = min(d, shutdownGrace)
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
 	return c.Conn.Write(p)
 }
 

@@ -2,12 +2,16 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // httpServer is what a role port's server does: h1Server, or net/http's
@@ -40,16 +44,19 @@ type stdServer struct {
 	srv *http.Server
 	cfg h1Config
 
+	stopping atomic.Bool // Shutdown began
+
 	mu     sync.Mutex
 	idle   map[net.Conn]bool
 	inBody map[net.Conn]bool
+	conns  map[net.Conn]http.ConnState // every open connection
 }
 
 type connKey struct{}
 
 func newStdServer(h http.Handler, cfg h1Config) *stdServer {
 	cfg.fill()
-	s := &stdServer{cfg: cfg, idle: map[net.Conn]bool{}, inBody: map[net.Conn]bool{}}
+	s := &stdServer{cfg: cfg, idle: map[net.Conn]bool{}, inBody: map[net.Conn]bool{}, conns: map[net.Conn]http.ConnState{}}
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.serve(h)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -68,6 +75,11 @@ func newStdServer(h http.Handler, cfg h1Config) *stdServer {
 			}
 			if st != http.StateActive {
 				delete(s.inBody, c)
+			}
+			if st == http.StateClosed || st == http.StateHijacked {
+				delete(s.conns, c)
+			} else {
+				s.conns[c] = st
 			}
 			s.mu.Unlock()
 		},
@@ -120,12 +132,11 @@ func (b *stdBody) Read(p []byte) (int, error) {
 func (b *stdBody) finish() { b.once.Do(b.done) }
 
 func (s *stdServer) Serve(ln net.Listener) error {
-	if s.cfg.Conns != nil {
-		ln = &limitListener{Listener: ln, conns: s.cfg.Conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout}
-	} else {
-		ln = &limitListener{Listener: ln, conns: &connLimiter{max: 1 << 62}, reap: s.reapIdle, wt: s.cfg.WriteTimeout}
+	conns := s.cfg.Conns
+	if conns == nil {
+		conns = &connLimiter{max: 1 << 62}
 	}
-	return s.srv.Serve(ln)
+	return s.srv.Serve(&limitListener{Listener: ln, conns: conns, reap: s.reapIdle, wt: s.cfg.WriteTimeout, stop: &s.stopping, log: s.cfg.Logger})
 }
 
 // reapIdle closes up to n idle connections.
@@ -145,12 +156,16 @@ func (s *stdServer) reapIdle(n int) {
 	}
 }
 
-// Shutdown shuts net/http's server down (idle connections close, requests
-// finish) and, until it returns, closes every connection still sending a
-// body: a stalled body would hold it for its whole timeout. The closing is
+// Shutdown gives the connections yet to send a whole request head and
+// those in a blocked write shutdownGrace (as the h1 server does), then
+// shuts net/http's server down (idle connections close, requests finish)
+// and, until it returns, closes every connection still sending a body: a
+// stalled body would hold it for its whole timeout. The closing is
 // repeated because a connection whose head was still being read when
 // Shutdown began reaches its body later.
 func (s *stdServer) Shutdown(ctx context.Context) error {
+	s.stopping.Store(true)
+	s.grace(time.Now().Add(shutdownGrace))
 	done := make(chan error, 1)
 	go func() { done <- s.srv.Shutdown(ctx) }()
 	wait := time.Millisecond
@@ -164,6 +179,25 @@ func (s *stdServer) Shutdown(ctx context.Context) error {
 		case <-t.C:
 		}
 		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// grace puts end as the read deadline of the connections net/http has
+// not read a request head from yet, and as the write deadline of those
+// not sending a body (later writes get shutdownGrace each).
+func (s *stdServer) grace(end time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c, st := range s.conns {
+		if st == http.StateNew {
+			// net/http sets the header deadline as it starts reading a
+			// head, so a connection it has not started on keeps its own
+			// (closed by its Shutdown after 5 s at most).
+			_ = c.SetReadDeadline(end)
+		}
+		if !s.inBody[c] {
+			_ = c.SetWriteDeadline(end)
+		}
 	}
 }
 
@@ -191,12 +225,19 @@ type limitListener struct {
 	conns *connLimiter
 	reap  func(n int)
 	wt    time.Duration
+	stop  *atomic.Bool
+	log   *zap.Logger
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		nc, err := l.Listener.Accept()
 		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				// net/http retries after a growing pause; its own log is
+				// discarded.
+				l.log.Warn("accept failed; retrying", zap.Error(err))
+			}
 			return nil, err
 		}
 		if l.conns.near() {
@@ -208,7 +249,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			nc.Close()
 			continue
 		}
-		return &countedConn{deadlineConn: deadlineConn{nc, l.wt}, release: l.conns.release}, nil
+		return &countedConn{deadlineConn: deadlineConn{nc, l.wt, l.stop}, release: l.conns.release}, nil
 	}
 }
 
