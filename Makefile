@@ -72,3 +72,4 @@ fuzz-quick:
 	$(GO) test -run '^$$' -fuzz '^FuzzH1RequestVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzResponseVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzRewriteModel$$' -fuzztime 15s -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzBodyModel$$' -fuzztime 15s -parallel 1 ./proxy

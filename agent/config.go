@@ -150,11 +150,13 @@ type ProxyConfig struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ConnectTimeout bounds connecting to an instance or peer. Default 2s.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	// PeerFirstByteTimeout is how long a remote attempt waits for the peer
-	// agent's response headers before it asks that agent, over the same
-	// QUIC connection, whether it is alive; a peer that does not answer
-	// within it either is cooled down and the next candidate is tried. A
-	// peer that answers (a slow model) is waited for. Default 1s.
+	// PeerFirstByteTimeout bounds how long a peer agent that answers
+	// nothing holds a remote attempt: after a third of it without response
+	// headers the consumer asks that agent, over the same QUIC connection,
+	// whether it is alive, and waits the rest for the answer; a peer that
+	// does not answer is cooled down and the next candidate is tried. A
+	// peer that answers (a slow model) is waited for, and asked again
+	// every period. Default 750ms.
 	PeerFirstByteTimeout time.Duration `yaml:"peer_first_byte_timeout"`
 	// UpstreamTimeout bounds the wait for response headers. Default 5m.
 	UpstreamTimeout time.Duration `yaml:"upstream_timeout"`

@@ -236,6 +236,13 @@ EOF
   entry infermesh-quic "infermeshd a -> QUIC (HTTP/3, mTLS) -> infermeshd b -> upstream; RSS is a + b" \
     "127.0.0.1:$(port "${pa[0]}")" chat "127.0.0.1:$(port "${pa[1]}")" stream "127.0.0.1:$(port "${pa[2]}")" many "$pid_a,$pid_b"
   ENTRIES[-1]="${ENTRIES[-1]%\}}"',"pid_names":["a","b"]}'
+  # The UDP buffers in force on a's QUIC socket (quic-go asks for 7 MiB;
+  # as root it may exceed net.core.rmem_max), and quic-go's complaint when
+  # it could not get them.
+  QUIC_SOCKET=$(ss -H -uamn "sport = :$(port 22)" 2>/dev/null | grep -o 'rb[0-9]*\|tb[0-9]*' | tr '\n' ' ' | sed 's/ $//' || true)
+  QUIC_SOCKET="a's socket ${QUIC_SOCKET:-unknown}"
+  ! grep -q 'failed to sufficiently increase' "$WORK"/infermesh-quic-[ab].log 2>/dev/null ||
+    QUIC_SOCKET="$QUIC_SOCKET; quic-go: $(grep -ho 'failed to sufficiently increase[^.]*' "$WORK"/infermesh-quic-[ab].log | head -1)"
 }
 
 contender_nginx() {
@@ -422,7 +429,7 @@ EOF
 # doing. Go programs run with GODEBUG=asyncpreemptoff=1 (callgrind aborts
 # on the signals of Go's asynchronous preemption). Then it is stopped; the
 # timed runs below start every contender afresh. The quick mode counts
-# infermesh and nginx only, over fewer requests.
+# infermesh, nginx and infermesh-before only, over fewer requests.
 INSTR_N=2000
 [ "$QUICK" = 1 ] && INSTR_N=300
 INSTR=()
@@ -453,8 +460,9 @@ count_instructions() {
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   for c in "${CONTENDERS[@]}"; do
     [ "$c" = direct ] && continue
-    # The quick mode counts the local path and nginx only.
-    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && continue
+    # The quick mode counts the local path and nginx only (and the build
+    # compared with, under BENCH_COMPARE).
+    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && [ "$c" != infermesh_before ] && continue
     log "counting instructions: $c (callgrind, $INSTR_N requests)"
     count_instructions "$c"
   done
@@ -476,9 +484,9 @@ done
   echo "[${ENTRIES[*]}]"
 ) >"$WORK/contenders.json"
 
-META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s"}' \
+META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s","udp quic":"%s"}' \
   "$(nginx -v 2>&1 | sed 's|.*/||')" "$(haproxy -v | head -1 | awk '{print $3}')" \
-  "$(git describe --always --dirty 2>/dev/null || echo unknown)" "$(uname -r)")
+  "$(git describe --always --dirty 2>/dev/null || echo unknown)" "$(uname -r)" "${QUIC_SOCKET:-not run}")
 
 log "running the load generator"
 # shellcheck disable=SC2086

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
 // embedInput is one input to embed: its hash seed and its token count.
@@ -90,7 +92,7 @@ func (s *Server) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !jsonValid(body) {
+	if !jsonskip.Valid(body) {
 		s.writeError(w, errBadJSON)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/internal/ctxwait"
+	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
 // genKind describes one of the two generation endpoints: chat completions
@@ -155,7 +156,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKin
 	if !ok {
 		return
 	}
-	if !jsonValid(body) {
+	if !jsonskip.Valid(body) {
 		s.writeError(w, errBadJSON)
 		return
 	}

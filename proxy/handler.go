@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/infermesh/infermesh/internal/jsonskip"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -110,7 +111,7 @@ func (p *Proxy) readModelRequest(r *http.Request, dflt []byte) (*bodyBuf, []byte
 	if apiErr != nil {
 		return nil, nil, apiErr
 	}
-	ms, me, found, err := modelSpan(buf.b)
+	ms, me, found, err := bodyModel(buf.model)
 	if err != nil {
 		buf.release()
 		return nil, nil, errBadJSON("request body: " + err.Error())
@@ -266,6 +267,9 @@ type bodyBuf struct {
 	refs atomic.Int32
 	mem  *memBudget // what b's growth was charged to; nil: not charged
 	held int64
+	// model is the top-level "model" member readBody found in b while
+	// validating it.
+	model jsonskip.Member
 }
 
 var bodyPool = sync.Pool{New: func() any { return &bodyBuf{b: make([]byte, 0, 4096)} }}
@@ -411,9 +415,12 @@ func (p *Proxy) readBody(r *http.Request) (*bodyBuf, *APIError) {
 		}
 	}
 	buf.b = b
-	if !json.Valid(b) {
+	// One pass validates the body and finds its model.
+	m, ok := jsonskip.ValidMember(b, "model")
+	if !ok {
 		buf.release()
 		return nil, errBadJSON("request body is not valid JSON")
 	}
+	buf.model = m
 	return buf, nil
 }

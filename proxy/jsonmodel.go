@@ -7,8 +7,26 @@ import (
 	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
-// errNotObject is returned when a body is not a JSON object.
-var errNotObject = errors.New("body is not a JSON object")
+// The errors of modelSpan and bodyModel.
+var (
+	errNotObject      = errors.New("body is not a JSON object")
+	errModelDuplicate = errors.New(`duplicate "model" key`)
+	errModelNotString = errors.New(`"model" is not a string`)
+)
+
+// bodyModel is modelSpan's answer for a request body, from the member
+// readBody found while validating it (one pass over the body).
+func bodyModel(m jsonskip.Member) (start, end int, found bool, err error) {
+	switch m.Err {
+	case jsonskip.MemberNotObject:
+		return 0, 0, false, errNotObject
+	case jsonskip.MemberDuplicate:
+		return 0, 0, false, errModelDuplicate
+	case jsonskip.MemberNotString:
+		return 0, 0, false, errModelNotString
+	}
+	return m.Start, m.End, m.Found, nil
+}
 
 // modelSpan locates the string value of the top-level "model" key of the JSON
 // object in b without decoding the rest of the document. start and end delimit
@@ -16,9 +34,10 @@ var errNotObject = errors.New("body is not a JSON object")
 // top-level "model" key; an error is returned when b is not an object, the
 // model value is not a string, or the key appears twice.
 //
-// It assumes b is valid JSON (callers check with json.Valid first or accept a
-// best-effort scan of an upstream's output); on malformed input it reports an
-// error rather than panicking.
+// It assumes b is valid JSON (request bodies take bodyModel instead, from
+// their validation; this is the best-effort scan of an upstream's output or
+// of a body already checked); on malformed input it reports an error rather
+// than panicking.
 func modelSpan(b []byte) (start, end int, found bool, err error) {
 	i := jsonskip.WS(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -58,10 +77,10 @@ func modelSpan(b []byte) (start, end int, found bool, err error) {
 			if found {
 				// Parsers disagree on which duplicate wins; pinning must
 				// not be bypassable, so duplicates are refused.
-				return 0, 0, false, errors.New(`duplicate "model" key`)
+				return 0, 0, false, errModelDuplicate
 			}
 			if b[i] != '"' {
-				return 0, 0, false, errors.New(`"model" is not a string`)
+				return 0, 0, false, errModelNotString
 			}
 			ve, ok := jsonskip.String(b, i)
 			if !ok {

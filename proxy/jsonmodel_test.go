@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/infermesh/infermesh/internal/jsonskip"
 )
 
 func TestModelSpan(t *testing.T) {
@@ -102,4 +104,45 @@ func FuzzRewriteModel(f *testing.F) {
 			t.Fatalf("pinnedBody(%s).model = %v, want %q", in, got["model"], model)
 		}
 	})
+}
+
+var bodyModelSeeds = []string{
+	``, `{}`, `[]`, `"model"`, `1`, `{"model":"a","x":1}`, ` { "x" : [1,{"model":"no"}], "model" : "b\"c" } `,
+	`{"x":{"model":"inner"}}`, `{"s":"}{\"model\":1","model":"m"}`, `{"model":42}`, `{"model":42,"model":"a"}`,
+	`{"model":"a","model":42}`, `{"model":"a","model":"b"}`, `[{"model":"a"}]`, `{"mod\u0065l":"a"}`,
+	`{"model":"a",}`, `{"model":"a"} x`, `{"model":"a"`, `{"model":"\x"}`, `{"model":"a\u00e9"}`, "{\"model\":\"a\tb\"}",
+	`{"a":true,"b":null,"c":-1.5e3,"model":"z"}`, `{"model":null}`, `{"model":["a"]}`, `{"model" "a"}`,
+	`{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":16}`,
+}
+
+// checkBodyModel holds readBody's one pass (jsonskip.ValidMember, then
+// bodyModel) to what it replaced: encoding/json's json.Valid, then
+// modelSpan. Same accept/reject, same span, same error.
+func checkBodyModel(t *testing.T, data []byte) {
+	t.Helper()
+	m, ok := jsonskip.ValidMember(data, "model")
+	if want := json.Valid(data); ok != want {
+		t.Fatalf("%q: one pass valid = %v, json.Valid = %v", data, ok, want)
+	}
+	if !ok {
+		return
+	}
+	s, e, found, err := bodyModel(m)
+	ws, we, wfound, werr := modelSpan(data)
+	if s != ws || e != we || found != wfound || err != werr {
+		t.Fatalf("%q: one pass = %d,%d,%v,%v; json.Valid+modelSpan = %d,%d,%v,%v", data, s, e, found, err, ws, we, wfound, werr)
+	}
+}
+
+func TestBodyModelMatchesValidThenModelSpan(t *testing.T) {
+	for _, s := range bodyModelSeeds {
+		checkBodyModel(t, []byte(s))
+	}
+}
+
+func FuzzBodyModel(f *testing.F) {
+	for _, s := range bodyModelSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(checkBodyModel)
 }

@@ -37,15 +37,17 @@ type PeerScoreConfig struct {
 	Graceful func(error) bool
 	// Alive asks a peer's agent, over the connection attempts use, whether
 	// it is alive (mesh.Transport.ConfirmAlive); it must return when ctx
-	// ends. With it, an attempt that has no response headers after
-	// FirstByte asks, bounded by FirstByte: a peer that answers is alive
-	// (a slow model, not a frozen peer) and the attempt waits on, asking
-	// again every FirstByte; one that does not answer is making no
-	// progress: the attempt ends with ErrNoProgress and the peer is cooled
-	// down at once, for every request. Nil: attempts wait for the
+	// ends. With it, an attempt that has no response headers after a third
+	// of FirstByte asks, and waits the rest of FirstByte for the answer: a
+	// peer that answers is alive (a slow model, not a frozen peer) and the
+	// attempt waits on, asking again every FirstByte; one that does not
+	// answer is making no progress: the attempt ends with ErrNoProgress
+	// and the peer is cooled down at once, for every request. A silent
+	// peer is so left within FirstByte. Nil: attempts wait for the
 	// transport alone (its idle timeout).
 	Alive func(ctx context.Context, node string) error
-	// FirstByte is the progress check's period. Default 1s.
+	// FirstByte bounds how long a peer that answers nothing holds an
+	// attempt (see Alive). Default 750ms.
 	FirstByte time.Duration
 }
 
@@ -56,7 +58,7 @@ var ErrNoProgress = errors.New("peer made no progress: no response headers and n
 
 // DefaultPeerScoreConfig returns the defaults.
 func DefaultPeerScoreConfig() PeerScoreConfig {
-	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, FirstByte: time.Second, Now: time.Now}
+	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, FirstByte: 750 * time.Millisecond, Now: time.Now}
 }
 
 // PeerScorer is the consumer side's view of its peers. As a Resolver it
@@ -409,11 +411,14 @@ func (t *scoredTransport) roundTrip(r *http.Request, node string) (*http.Respons
 	return resp, nil
 }
 
-// watch probes node every FirstByte until headers is closed; a probe
-// that gets no answer within FirstByte cancels the attempt.
+// watch probes node until headers is closed: first after a third of
+// FirstByte, then every FirstByte; a probe that gets no answer within the
+// other two thirds cancels the attempt.
 func (t *scoredTransport) watch(ctx context.Context, node string, headers <-chan struct{}, cancel context.CancelCauseFunc) {
 	period := t.s.cfg.FirstByte
-	tm := time.NewTimer(period)
+	first := period / 3
+	answer := period - first
+	tm := time.NewTimer(first)
 	defer tm.Stop()
 	for {
 		select {
@@ -423,7 +428,7 @@ func (t *scoredTransport) watch(ctx context.Context, node string, headers <-chan
 			return
 		case <-tm.C:
 		}
-		pctx, pcancel := context.WithTimeout(ctx, period)
+		pctx, pcancel := context.WithTimeout(ctx, answer)
 		err := t.s.cfg.Alive(pctx, node)
 		pcancel()
 		select {

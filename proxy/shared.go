@@ -72,7 +72,7 @@ func (p *Proxy) sharedHandler(roles func() []string) http.Handler {
 			return
 		}
 		defer buf.release()
-		ms, me, found, err := modelSpan(buf.b)
+		ms, me, found, err := bodyModel(buf.model)
 		if err != nil {
 			WriteError(w, errBadJSON("request body: "+err.Error()))
 			return

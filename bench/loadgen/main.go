@@ -155,7 +155,7 @@ func run(ctx context.Context, args []string) error {
 	if len(cs) == 0 || cs[0].Name != "direct" || cs[0].Missing != "" {
 		return errors.New("the first contender must be the measured direct path")
 	}
-	extra := map[string]string{}
+	extra := udpFacts()
 	if *meta != "" {
 		if err := json.Unmarshal([]byte(*meta), &extra); err != nil {
 			return fmt.Errorf("-meta: %w", err)

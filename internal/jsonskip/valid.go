@@ -1,15 +1,13 @@
-package demomodel
+package jsonskip
 
-import "github.com/infermesh/infermesh/internal/jsonskip"
-
-// jsonValid reports whether data is one valid JSON value (surrounded by
+// Valid reports whether data is one valid JSON value (surrounded by
 // optional whitespace). It accepts exactly what encoding/json.Valid accepts
 // (a fuzz test holds it to that) at a fraction of the cost: json.Valid steps
-// a state machine through a function pointer per byte and was half the chat
-// handler's CPU time.
-func jsonValid(data []byte) bool {
-	i, ok := validValue(data, jsonskip.WS(data, 0), 0)
-	return ok && jsonskip.WS(data, i) == len(data)
+// a state machine through a function pointer per byte and was half the demo
+// model's chat handler's CPU time.
+func Valid(data []byte) bool {
+	i, ok := validValue(data, WS(data, 0), 0)
+	return ok && WS(data, i) == len(data)
 }
 
 // maxNesting matches encoding/json's nesting limit.
@@ -26,7 +24,7 @@ func validValue(d []byte, i, depth int) (int, bool) {
 		if depth >= maxNesting {
 			return i, false
 		}
-		i = jsonskip.WS(d, i+1)
+		i = WS(d, i+1)
 		if i < len(d) && d[i] == '}' {
 			return i + 1, true
 		}
@@ -38,20 +36,20 @@ func validValue(d []byte, i, depth int) (int, bool) {
 			if i, ok = validString(d, i); !ok {
 				return i, false
 			}
-			i = jsonskip.WS(d, i)
+			i = WS(d, i)
 			if i >= len(d) || d[i] != ':' {
 				return i, false
 			}
-			if i, ok = validValue(d, jsonskip.WS(d, i+1), depth+1); !ok {
+			if i, ok = validValue(d, WS(d, i+1), depth+1); !ok {
 				return i, false
 			}
-			i = jsonskip.WS(d, i)
+			i = WS(d, i)
 			if i >= len(d) {
 				return i, false
 			}
 			switch d[i] {
 			case ',':
-				i = jsonskip.WS(d, i+1)
+				i = WS(d, i+1)
 			case '}':
 				return i + 1, true
 			default:
@@ -62,7 +60,7 @@ func validValue(d []byte, i, depth int) (int, bool) {
 		if depth >= maxNesting {
 			return i, false
 		}
-		i = jsonskip.WS(d, i+1)
+		i = WS(d, i+1)
 		if i < len(d) && d[i] == ']' {
 			return i + 1, true
 		}
@@ -71,13 +69,13 @@ func validValue(d []byte, i, depth int) (int, bool) {
 			if i, ok = validValue(d, i, depth+1); !ok {
 				return i, false
 			}
-			i = jsonskip.WS(d, i)
+			i = WS(d, i)
 			if i >= len(d) {
 				return i, false
 			}
 			switch d[i] {
 			case ',':
-				i = jsonskip.WS(d, i+1)
+				i = WS(d, i+1)
 			case ']':
 				return i + 1, true
 			default:
@@ -182,4 +180,82 @@ func validNumber(d []byte, i int) (int, bool) {
 		}
 	}
 	return i, true
+}
+
+// MemberErr says why a valid document has no usable member (ValidMember).
+type MemberErr uint8
+
+const (
+	MemberOK        MemberErr = iota
+	MemberNotObject           // the document is not an object
+	MemberDuplicate           // the key appears twice at the top level
+	MemberNotString           // the key's value is not a string
+)
+
+// Member is what ValidMember found: the span of the value of a top-level
+// key, quotes included, when Found; Err when the document is valid but is
+// not an object, repeats the key or gives it a non-string value (the
+// first of these met, in document order).
+type Member struct {
+	Start, End int
+	Found      bool
+	Err        MemberErr
+}
+
+// ValidMember validates data as Valid does and, in the same pass, finds the
+// string value of the top-level member named key (compared with the raw,
+// unescaped bytes between the key's quotes). ok is false when data is not
+// valid JSON; m is meaningful only when ok.
+func ValidMember(data []byte, key string) (m Member, ok bool) {
+	d := data
+	i := WS(d, 0)
+	if i >= len(d) || d[i] != '{' {
+		i, ok = validValue(d, i, 0)
+		return Member{Err: MemberNotObject}, ok && WS(d, i) == len(d)
+	}
+	i = WS(d, i+1)
+	if i < len(d) && d[i] == '}' {
+		return m, WS(d, i+1) == len(d)
+	}
+	for {
+		if i >= len(d) || d[i] != '"' {
+			return m, false
+		}
+		ks := i
+		if i, ok = validString(d, i); !ok {
+			return m, false
+		}
+		match := string(d[ks+1:i-1]) == key
+		i = WS(d, i)
+		if i >= len(d) || d[i] != ':' {
+			return m, false
+		}
+		i = WS(d, i+1)
+		vs := i
+		if i, ok = validValue(d, i, 1); !ok {
+			return m, false
+		}
+		if match && m.Err == MemberOK {
+			switch {
+			case m.Found:
+				m = Member{Err: MemberDuplicate}
+			case d[vs] != '"':
+				m.Err = MemberNotString
+			default:
+				m.Start, m.End, m.Found = vs, i, true
+			}
+		}
+		i = WS(d, i)
+		if i >= len(d) {
+			return m, false
+		}
+		switch d[i] {
+		case ',':
+			i = WS(d, i+1)
+		case '}':
+			return m, WS(d, i+1) == len(d)
+		default:
+			return m, false
+		}
+	}
 }
