@@ -322,6 +322,11 @@ func (m *Mesh) publish(body advertBody) error {
 type sentAdvert struct {
 	ad placement.Advert
 	at time.Time
+	// withdrawn is when the role was withdrawn (zero while it is served).
+	// A withdrawal is a broadcast like any advert and can miss a node, so
+	// it is sent again every AdvertTTL/3 until a TTL has passed (by then
+	// every receiver has expired the role anyway).
+	withdrawn time.Time
 }
 
 // advertiseLoop compares our local roles with what we advertised every
@@ -385,7 +390,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		}
 		prev, ok := sent[role]
 		age := now.Sub(prev.at)
-		due := !ok || age >= refresh || !sameButLoad(prev.ad, ad) || (prev.ad.Load != ad.Load && age >= loadRefresh)
+		due := !ok || !prev.withdrawn.IsZero() || age >= refresh || !sameButLoad(prev.ad, ad) || (prev.ad.Load != ad.Load && age >= loadRefresh)
 		if !due {
 			continue
 		}
@@ -396,16 +401,28 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		}
 		sent[role] = sentAdvert{ad: ad, at: now}
 	}
-	for role := range sent {
+	for role, prev := range sent {
 		if seen[role] {
+			continue
+		}
+		first := prev.withdrawn.IsZero()
+		switch {
+		case !first && now.Sub(prev.withdrawn) >= m.cfg.AdvertTTL:
+			delete(sent, role)
+			continue
+		case !first && now.Sub(prev.at) < refresh:
 			continue
 		}
 		if err := m.publish(advertBody{Role: role, Withdrawn: true, Set: set}); err != nil {
 			m.log.Warn("cannot withdraw role", zap.String("role", role), zap.Error(err))
 			continue
 		}
-		delete(sent, role)
-		m.log.Info("withdrew role", zap.String("role", role))
+		prev.at = now
+		if first {
+			prev.withdrawn = now
+			m.log.Info("withdrew role", zap.String("role", role))
+		}
+		sent[role] = prev
 	}
 }
 
