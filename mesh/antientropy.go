@@ -22,14 +22,15 @@ import (
 //
 // So every node sends a membership digest (how many live members it sees
 // and an order-independent hash of their names, itself included) to one
-// random member every AntiEntropyInterval. A node whose own digest differs
-// does a full push/pull (memberlist's Join with the sender's address): both
-// sides end with the union of what they know. It costs one small packet a
-// node per interval while views agree, and push/pulls only while they do
-// not, which is exactly while membership is changing. The push/pulls a node
-// starts are spaced by at least AntiEntropyInterval x ceil(N/100) (a
-// push/pull carries every member's state, so this bounds the bytes a node
-// spends on them per second whatever N is), and the spacing doubles, up to
+// random member every AntiEntropyInterval, and four times as often while
+// membership is changing (an event in the last 10 intervals). A node whose
+// own digest differs does a full push/pull (memberlist's Join with the
+// sender's address): both sides end with the union of what they know. It
+// costs one small packet a node per interval while views agree, and
+// push/pulls only while they do not. The push/pulls a node starts are
+// spaced by at least AntiEntropyInterval/4 x ceil(N/100) (a push/pull
+// carries every member's state, so this bounds the bytes a node spends on
+// them per second whatever N is), and the spacing doubles, up to
 // PushPullInterval, for each push/pull that changed nothing we see while no
 // membership event came in between, so views that stay apart for good (two
 // nodes that trust differently) cost what memberlist's own push/pull does.
@@ -38,8 +39,14 @@ import (
 
 const msgDigest byte = 0x03
 
-// aeSpacingPer is the membership size per step of the push/pull spacing.
-const aeSpacingPer = 100
+const (
+	// aeSpacingPer is the membership size per step of the push/pull spacing.
+	aeSpacingPer = 100
+	// aeFastDiv divides AntiEntropyInterval while membership is changing,
+	// for aeFastFor intervals after the last change.
+	aeFastDiv = 4
+	aeFastFor = 10
+)
 
 // liveDigest is a set of live member names, summarized: count and the xor
 // of their hashes. Equal digests mean equal sets with overwhelming
@@ -104,33 +111,46 @@ func (m *Mesh) handleDigest(b []byte) {
 }
 
 // antiEntropyLoop sends our digest to a random member every
-// AntiEntropyInterval (with jitter) and does the push/pulls handleDigest
-// asks for, spaced as the package comment says.
+// AntiEntropyInterval, or a quarter of it while membership changes (with
+// jitter), and does the push/pulls handleDigest asks for, spaced as the
+// package comment says.
 func (m *Mesh) antiEntropyLoop() {
 	defer m.wg.Done()
-	base := m.cfg.AntiEntropyInterval
-	jitter := func() time.Duration { return base/2 + rand.N(base) }
-	t := time.NewTimer(jitter())
-	defer t.Stop()
+	slow := m.cfg.AntiEntropyInterval
+	fast := max(slow/aeFastDiv, time.Millisecond)
 	var (
-		last      time.Time
-		fruitless int   // push/pulls in a row that changed nothing we see
-		events    int64 // membership events counted at the last push/pull
+		last      time.Time // the last push/pull
+		fruitless int       // push/pulls in a row that changed nothing we see
+		ppEvents  int64     // membership events counted at the last push/pull
+		seen      int64     // membership events counted at the last tick
+		changed   time.Time // when we last saw the count move
 	)
+	next := func() time.Duration {
+		if ev := m.liveEvents.Load(); ev != seen {
+			seen, changed = ev, time.Now()
+		}
+		d := slow
+		if time.Since(changed) < aeFastFor*slow {
+			d = fast
+		}
+		return d/2 + rand.N(d)
+	}
+	t := time.NewTimer(next())
+	defer t.Stop()
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
 		case <-t.C:
 			m.sendDigest()
-			t.Reset(jitter())
+			t.Reset(next())
 			continue
 		case from := <-m.aeWant:
-			if ev := m.liveEvents.Load(); ev != events {
+			if ev := m.liveEvents.Load(); ev != ppEvents {
 				fruitless = 0 // membership moved since: views may differ for a new reason
 			}
 			n := int(m.members.Load())
-			spacing := base * time.Duration((n+aeSpacingPer-1)/aeSpacingPer)
+			spacing := fast * time.Duration((n+aeSpacingPer-1)/aeSpacingPer)
 			spacing = min(spacing<<min(fruitless, 16), max(spacing, m.cfg.PushPullInterval))
 			if time.Since(last) < spacing {
 				continue // the next differing digest asks again
@@ -138,7 +158,7 @@ func (m *Mesh) antiEntropyLoop() {
 			last = time.Now()
 			before := m.digest()
 			m.antiEntropyPushPull(from)
-			events = m.liveEvents.Load()
+			ppEvents = m.liveEvents.Load()
 			if m.digest() == before {
 				fruitless++
 			} else {

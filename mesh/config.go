@@ -103,9 +103,10 @@ type Config struct {
 	// PushPullInterval is the full state sync interval. Default 30s.
 	PushPullInterval time.Duration
 	// AntiEntropyInterval is how often this node sends a digest of the
-	// members it sees to one random member; a member whose view differs
-	// push/pulls with it (see antientropy.go). Push/pulls it causes are
-	// spaced by at least AntiEntropyInterval x ceil(N/100). Default 500ms.
+	// members it sees to one random member, four times as often for ten
+	// intervals after a membership change; a member whose view differs
+	// push/pulls with it (see antientropy.go). The push/pulls a node starts
+	// are spaced by at least AntiEntropyInterval/4 x ceil(N/100). Default 1s.
 	AntiEntropyInterval time.Duration
 	// SuspicionMult scales how long a suspected node has to refute before it
 	// is declared dead. Default 4.
@@ -173,7 +174,7 @@ func DefaultConfig() Config {
 		ProbeInterval:       time.Second,
 		ProbeTimeout:        500 * time.Millisecond,
 		PushPullInterval:    30 * time.Second,
-		AntiEntropyInterval: 500 * time.Millisecond,
+		AntiEntropyInterval: time.Second,
 		SuspicionMult:       4,
 		RetransmitMult:      4,
 		TCPTimeout:          10 * time.Second,

@@ -67,6 +67,7 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 			n += overhead + len(b)
 		}
 		d.stats.advertBroadcastBytes.Add(uint64(n))
+		d.stats.advertPiggybacks.Add(1)
 	}
 	return bs
 }

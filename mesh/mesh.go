@@ -82,6 +82,9 @@ type Mesh struct {
 	// what it holds.
 	back     chan string
 	lastBack time.Time // the last re-advertisement it caused; the loop's own
+	// lastPiggybacks is stats.advertPiggybacks when the advertise loop
+	// last looked (gossipStarvedAdverts); the loop's own.
+	lastPiggybacks uint64
 
 	metaCache    metaCache
 	refusals     refusals

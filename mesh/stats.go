@@ -17,6 +17,10 @@ type GossipStats struct {
 	// Config.AntiEntropyInterval); AntiEntropyPushPulls counts the
 	// push/pulls this node started because one differed from its view.
 	DigestsSent, DigestsReceived, AntiEntropyPushPulls uint64
+	// AdvertDirectSends counts adverts sent in packets of their own
+	// because memberlist's broadcasts left no room for them (see
+	// advertgossip.go).
+	AdvertDirectSends uint64
 }
 
 type gossipStats struct {
@@ -25,6 +29,8 @@ type gossipStats struct {
 	digestsSent          atomic.Uint64
 	digestsReceived      atomic.Uint64
 	antiEntropyPushPulls atomic.Uint64
+	advertPiggybacks     atomic.Uint64 // gossip packets memberlist took adverts into
+	advertDirectSends    atomic.Uint64
 }
 
 // GossipStats returns the counters since New.
@@ -35,6 +41,7 @@ func (m *Mesh) GossipStats() GossipStats {
 		DigestsSent:          m.stats.digestsSent.Load(),
 		DigestsReceived:      m.stats.digestsReceived.Load(),
 		AntiEntropyPushPulls: m.stats.antiEntropyPushPulls.Load(),
+		AdvertDirectSends:    m.stats.advertDirectSends.Load(),
 	}
 }
 
