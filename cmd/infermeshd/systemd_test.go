@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/internal/nodeimage"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/provision"
@@ -30,6 +32,11 @@ import (
 // systemctl stop stops the agent only, and `infermesh site cleanup` then
 // stops the instance. With the default KillMode=control-group a restart
 // kills it.
+//
+// It starts as an upgrade: first the unit as it was (User=root), then the
+// unit as shipped, running as user infermesh: the root agent's instance is
+// refused with the way out named, `infermesh site cleanup` stops it, and
+// systemd has handed every directory root wrote to the user.
 func TestUnitKeepsNativeInstancesAcrossRestarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a systemd node container on the Docker engine; skipped in -short mode only")
@@ -68,6 +75,14 @@ func TestUnitKeepsNativeInstancesAcrossRestarts(t *testing.T) {
 	if _, err := nodeimage.WaitReady(ctx, cli, id); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			out, _, _, _ := nodeimage.Exec(ctx, cli, id, "sh", "-c", "journalctl -u infermeshd --no-pager -o cat | tail -60; ps -eo user,pid,cmd")
+			t.Logf("journal of infermeshd:\n%s", out)
+		}
+	})
 	sh := func(cmd string) string {
 		t.Helper()
 		out, errOut, code, err := nodeimage.Exec(ctx, cli, id, "sh", "-c", cmd)
@@ -89,7 +104,13 @@ roles:
     model: m
     instance: {runtime: native, command: /usr/local/bin/infermesh-demo, args: [-listen, "127.0.0.1:8091", -model, m], port: 8091, restart: {backoff: 100ms}}
 `
-	files := map[string][]byte{"etc/infermesh/infermesh.yaml": []byte(cfg), "etc/systemd/system/infermeshd.service": unit}
+	files := map[string][]byte{
+		"etc/infermesh/infermesh.yaml":          []byte(cfg),
+		"etc/systemd/system/infermeshd.service": unit,
+		"etc/sysusers.d/infermesh.conf":         configs.Sysusers,
+		// The unit as it was before it ran as its own user: root.
+		"etc/systemd/system/infermeshd.service.d/asroot.conf": []byte("[Service]\nUser=root\nGroup=root\n"),
+	}
 	for name, path := range bins {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -111,10 +132,13 @@ roles:
 	if err := cli.CopyToContainer(ctx, id, "/", &buf, container.CopyToContainerOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// What make install does besides copying: the user, and the config
+	// readable by its group.
+	sh("systemd-sysusers && chgrp infermesh /etc/infermesh/infermesh.yaml && chmod 0640 /etc/infermesh/infermesh.yaml")
 	sh("systemctl daemon-reload && systemctl start infermeshd")
 
-	// readyPID waits for the instance to be ready and returns its pid.
-	readyPID := func(what string) int {
+	// instance polls until one instance satisfies ok and returns it.
+	instance := func(what string, ok func(admin.Instance) bool) admin.Instance {
 		t.Helper()
 		deadline := time.Now().Add(2 * time.Minute)
 		var last string
@@ -123,20 +147,53 @@ roles:
 			last = out
 			if err == nil && code == 0 {
 				var is []admin.Instance
-				if json.Unmarshal([]byte(out), &is) == nil && len(is) == 1 && is[0].State == "ready" && is[0].PID > 0 {
-					return is[0].PID
+				if json.Unmarshal([]byte(out), &is) == nil && len(is) == 1 && ok(is[0]) {
+					return is[0]
 				}
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		t.Fatalf("%s: the instance is not ready: %s", what, last)
-		return 0
+		t.Fatalf("%s: no instance as wanted: %s", what, last)
+		return admin.Instance{}
+	}
+	// readyPID waits for the instance to be ready and returns its pid.
+	readyPID := func(what string) int {
+		t.Helper()
+		return instance(what, func(i admin.Instance) bool { return i.State == "ready" && i.PID > 0 }).PID
 	}
 	alive := func(pid int) bool {
 		_, _, code, err := nodeimage.Exec(ctx, cli, id, "sh", "-c", fmt.Sprintf("test -e /proc/%[1]d/status && ! grep -q '^State:[[:space:]]*Z' /proc/%[1]d/status", pid))
 		return err == nil && code == 0
 	}
-	pid := readyPID("started")
+	user := func(pid int) string { return strings.TrimSpace(sh(fmt.Sprintf("ps -o user= -p %d", pid))) }
+
+	// An upgrade from the unit that ran as root: the agent and its
+	// instance ran as root and wrote the state as root.
+	pid := readyPID("started as root")
+	if u := user(pid); u != "root" {
+		t.Fatalf("the instance of the root agent runs as %s", u)
+	}
+	sh("rm -r /etc/systemd/system/infermeshd.service.d && systemctl daemon-reload && systemctl restart infermeshd")
+	// The agent, its own user now, cannot adopt root's process, and says
+	// what to do.
+	stuck := instance("after the upgrade", func(i admin.Instance) bool { return strings.Contains(i.LastError, "runs as uid 0") })
+	if !strings.Contains(stuck.LastError, "site cleanup") {
+		t.Errorf("the instance root left: %q, want the way out named", stuck.LastError)
+	}
+	sh("systemctl stop infermeshd && infermesh site cleanup --targets n1 && systemctl start infermeshd")
+	if alive(pid) {
+		t.Errorf("site cleanup as root left root's instance %d running", pid)
+	}
+	pid = readyPID("started as infermesh")
+	agentPID, _ := strconv.Atoi(strings.TrimSpace(sh("systemctl show -p MainPID --value infermeshd")))
+	if u, au := user(pid), user(agentPID); u != "infermesh" || au != "infermesh" {
+		t.Errorf("after the upgrade the agent runs as %s, its instance as %s; want infermesh", au, u)
+	}
+	// systemd handed the state, cache and runtime directories (written by
+	// root before) to the user.
+	if out := sh("find /var/lib/infermesh /var/cache/infermesh /run/infermesh ! -user infermesh"); out != "" {
+		t.Errorf("after the upgrade these are not infermesh's:\n%s", out)
+	}
 
 	sh("systemctl restart infermeshd")
 	if got := readyPID("after systemctl restart"); got != pid {
@@ -160,9 +217,22 @@ roles:
 	if !alive(pid) {
 		t.Fatal("systemctl stop killed the instance: KillMode=process stops the agent only")
 	}
-	out := sh("infermesh site cleanup --targets n1")
+	// As the agent's user: root in a container lacks CAP_SYS_PTRACE, which
+	// reading another user's /proc/<pid>/exe takes (root on a host has it).
+	out := sh("runuser -u infermesh -- infermesh site cleanup --targets n1")
 	if !strings.Contains(out, fmt.Sprintf("process %d", pid)) || alive(pid) {
 		t.Errorf("site cleanup after the stop: instance alive %v\n%s", alive(pid), out)
+	}
+
+	// The unit's exposure as systemd rates it (9.0 UNSAFE for a unit
+	// without hardening; 6.7 while it ran as root).
+	score := sh("systemd-analyze security --no-pager infermeshd | tail -1")
+	t.Log(strings.TrimSpace(score))
+	var exposure float64
+	if i := strings.LastIndex(score, ": "); i < 0 {
+		t.Errorf("systemd-analyze security: %q", score)
+	} else if _, err := fmt.Sscanf(score[i+2:], "%g", &exposure); err != nil || exposure > 3 {
+		t.Errorf("systemd-analyze security: %q, want 3.0 or below", score)
 	}
 
 	// The default KillMode kills the instance with every restart.
