@@ -60,7 +60,7 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			fail(w, errForbidden("the Host header must name a loopback address"))
 			return
 		}
-		if !checkBrowserOrigin(r.Header.Get("Origin")) {
+		if !checkBrowserOrigin(headerValue(r.Header, "Origin")) {
 			fail(w, errForbidden("cross-origin requests are refused"))
 			return
 		}
@@ -159,7 +159,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
-		role := r.Header.Get(RoleHeader)
+		role := headerValue(r.Header, RoleHeader)
 		if err := placement.ValidateRole(role); err != nil {
 			WriteError(w, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "bad_role", Message: "missing or invalid " + RoleHeader + " header"})
 			return

@@ -50,7 +50,7 @@ func (p *Proxy) sharedHandler(roles func() []string) http.Handler {
 			WriteError(w, errForbidden("the Host header must name a loopback address"))
 			return
 		}
-		if !checkBrowserOrigin(r.Header.Get("Origin")) {
+		if !checkBrowserOrigin(headerValue(r.Header, "Origin")) {
 			WriteError(w, errForbidden("cross-origin requests are refused"))
 			return
 		}
