@@ -56,10 +56,10 @@ var MeshHeaders = []string{
 // framing or routing header the proxy sets itself, and, with mesh, one of
 // MeshHeaders.
 func forwardable(k string, connNamed []string, mesh bool) bool {
-	for _, h := range hopHeaders {
-		if k == h {
-			return false
-		}
+	switch k { // hopHeaders, as a switch: it runs for every header
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return false
 	}
 	for _, h := range connNamed {
 		if k == h {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Request identity and the access log: every request on a role port or
@@ -138,7 +139,9 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 		if node != "" {
 			wh[ServedByHeader] = servedBy
 		}
-		if alog == nil {
+		if alog == nil || !alog.Core().Enabled(zapcore.InfoLevel) {
+			// No line would be written (the log's level is above info):
+			// nothing to record either.
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -156,7 +159,11 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 			if finished && status < 400 && skip > 0 && rand.Float64() < skip {
 				return
 			}
-			alog.Info("request",
+			ce := alog.Check(zapcore.InfoLevel, "request")
+			if ce == nil {
+				return
+			}
+			ce.Write(
 				zap.String("id", id), zap.String("source", source), zap.String("role", rw.role),
 				zap.String("model", rw.modelName()), zap.String("served_by", headerValue(w.Header(), ServedByHeader)),
 				zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status),
