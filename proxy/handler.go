@@ -61,7 +61,7 @@ func routeApp(w http.ResponseWriter, r *http.Request) (appRoute, *APIError) {
 	switch path := r.URL.Path; {
 	case !loopbackHost(r.Host):
 		return appRefused, errForbidden("the Host header must name a loopback address")
-	case !checkBrowserOrigin(r.Header.Get("Origin")):
+	case !checkBrowserOrigin(headerValue(r.Header, "Origin")):
 		return appRefused, errForbidden("cross-origin requests are refused")
 	case path == pathModels || strings.HasPrefix(path, pathModels+"/"):
 		return appModels, nil
@@ -170,14 +170,14 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return withGrownStack(p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
 			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
-		role := r.Header.Get(RoleHeader)
+		role := headerValue(r.Header, RoleHeader)
 		if err := placement.ValidateRole(role); err != nil {
 			WriteError(w, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "bad_role", Message: "missing or invalid " + RoleHeader + " header"})
 			return
@@ -212,7 +212,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, sourcePeer, buf, asked, cand)
-	}))
+	})))
 }
 
 // serveModels lists what the port serves: the role name, and the model names
