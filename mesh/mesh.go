@@ -405,11 +405,12 @@ func (m *Mesh) scopeOf(node string) (identity.Scope, string, *peer) {
 	}
 	m.mu.RLock()
 	p, t := m.peers[node], m.trust
+	certOK := p != nil && p.certOK // SetTrust rewrites certOK under the lock
 	m.mu.RUnlock()
 	if p == nil {
 		return 0, "unknown_node", nil
 	}
-	s, why := t.admit(node, p.meta.key, p.meta.cert, p.certOK, m.cfg.Now())
+	s, why := t.admit(node, p.meta.key, p.meta.cert, certOK, m.cfg.Now())
 	return s, why, p
 }
 
@@ -468,6 +469,27 @@ func (m *Mesh) PeerKey(node string) (ed25519.PublicKey, bool) {
 // but whose QUIC connection is alive keeps it; liveness is the transport's
 // keep-alive's business. Never blocks.
 func (m *Mesh) TrustsKey(node string, key ed25519.PublicKey) bool {
+	s, known := m.lastKnownScope(node)
+	return s != 0 && known.Equal(key)
+}
+
+// Trusted reports whether node is vouched for right now (any scope) on the
+// node meta it last gossiped, whether it is a live member or left: the
+// serving side's question about a peer whose QUIC connection proved its
+// key. A peer restarting (its new incarnation already asking, gossip still
+// recording the old one's leave) is Trusted; so is one gossip falsely
+// called dead. A node never seen in gossip is not (its admission
+// certificate travels in its node meta). It implements
+// placement.Admission and never blocks.
+func (m *Mesh) Trusted(node string) bool {
+	s, _ := m.lastKnownScope(node)
+	return s != 0
+}
+
+// lastKnownScope admits node on its last known node meta, live or
+// departed: its scope (0 when not admitted or never seen) and the key it
+// is known by.
+func (m *Mesh) lastKnownScope(node string) (identity.Scope, ed25519.PublicKey) {
 	m.mu.RLock()
 	p, t := m.peers[node], m.trust
 	if p == nil {
@@ -478,14 +500,14 @@ func (m *Mesh) TrustsKey(node string, key ed25519.PublicKey) bool {
 		certOK bool
 	)
 	if p != nil {
-		meta, certOK = p.meta, p.certOK
+		meta, certOK = p.meta, p.certOK // SetTrust rewrites certOK under the lock
 	}
 	m.mu.RUnlock()
-	if meta == nil || !meta.key.Equal(key) {
-		return false
+	if meta == nil {
+		return 0, nil
 	}
 	s, _ := t.admit(node, meta.key, meta.cert, certOK, m.cfg.Now())
-	return s != 0
+	return s, meta.key
 }
 
 // SetTrust replaces the trust configuration (on reload). Run-time
@@ -667,6 +689,12 @@ func (a *AdmissionProxy) Bind(m *Mesh) { a.m.Store(m) }
 func (a *AdmissionProxy) IsAdmitted(node string) bool {
 	m := a.m.Load()
 	return m != nil && m.IsAdmitted(node)
+}
+
+// Trusted forwards to the bound Mesh; false while unbound.
+func (a *AdmissionProxy) Trusted(node string) bool {
+	m := a.m.Load()
+	return m != nil && m.Trusted(node)
 }
 
 // MayServe forwards to the bound Mesh; false while unbound.
