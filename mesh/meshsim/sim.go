@@ -24,6 +24,13 @@ type Options struct {
 	// Window is how long steady-state traffic is measured after the advert
 	// reached everyone, in simulated time. Default 5s.
 	Window time.Duration
+	// Settle is how long to wait, in simulated time, after the advert
+	// reached everyone before Window starts. After a whole fleet formed at
+	// once, memberlist keeps retransmitting every member's alive message
+	// (RetransmitMult x log10(N+1) times each, a few per packet) for about
+	// N/5 simulated seconds; a Window right after formation measures that
+	// drain, one after Settle the quiet mesh. Default 0.
+	Settle time.Duration
 	// TimeScale dilates time: every protocol interval and timeout of the
 	// mesh config (after Tune), the network's latency and jitter and
 	// Window are multiplied by it, and every figure is reported in
@@ -157,6 +164,11 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	}
 	res.Refusals = c.Refusals()
 
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(dilate(opt.Settle)):
+	}
 	all0, ad0, pp0 := sent()
 	start := time.Now()
 	select {
