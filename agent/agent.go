@@ -465,11 +465,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.opts.OnAdminReady(ad.SocketPath())
 	}
 	if m != nil {
+		firstRound := make(chan struct{})
+		var once sync.Once
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.healMesh(runCtx, m, ad.Store().DB())
+			a.healMesh(runCtx, m, ad.Store().DB(), func(bool) { once.Do(func() { close(firstRound) }) })
 		}()
+		a.notify("STATUS=joining the mesh")
+		a.awaitFirstJoin(ctx, firstRound)
 	}
 
 	a.notify("READY=1")

@@ -18,6 +18,7 @@ type admitAll struct{}
 
 func (admitAll) IsAdmitted(string) bool { return true }
 func (admitAll) MayServe(string) bool   { return true }
+func (admitAll) Trusted(string) bool    { return true }
 
 // TestRouteFollowsThePeerScorer: route ranks candidates as the proxy tries
 // them, with a cooled-down peer last and a note saying why.

@@ -118,13 +118,33 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	return m, nil
 }
 
+// readyJoinWait bounds how long readiness waits for the first round of
+// join contacts (an unreachable peer's costs up to memberlist's TCP timeout).
+const readyJoinWait = 5 * time.Second
+
+// awaitFirstJoin waits until the first round of join contacts has ended
+// (first is closed), readyJoinWait has passed or ctx ends. A node reports
+// READY after it: a restarted agent then already knows its peers and what
+// they serve, instead of answering its first requests with no instance.
+func (a *Agent) awaitFirstJoin(ctx context.Context, first <-chan struct{}) {
+	t := time.NewTimer(readyJoinWait)
+	defer t.Stop()
+	select {
+	case <-first:
+	case <-t.C:
+		a.log.Warn("still joining the mesh; reporting ready", zap.Duration("waited", readyJoinWait))
+	case <-ctx.Done():
+	}
+}
+
 // healMesh joins the mesh and keeps it whole until ctx ends: it contacts
 // the configured join addresses and the peers last seen (kept in the state
 // store, db) whenever they are not live members, with backoff
 // (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
 // node keeps serving its local roles and keeps trying.
-func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB) {
+func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB, firstRound func(joined bool)) {
 	var o mesh.HealOptions
+	o.OnFirstRound = firstRound
 	if db != nil {
 		o.Peers, o.Seqs = peerBook{db}, seqBook{db}
 	}

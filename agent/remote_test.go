@@ -135,6 +135,11 @@ type testMesh struct {
 	// default is the first node, for every other node).
 	joins  map[string]string
 	shared map[string]bool // nodes that also serve proxy.listen (any free port)
+	// meshTuning, when set, adjusts a node's mesh config after the fast
+	// test defaults.
+	meshTuning func(name string, c *mesh.Config)
+	// notify, when set, receives a node's readiness and status lines.
+	notify func(name, state string)
 }
 
 type meshNode struct {
@@ -255,7 +260,12 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	if tm.shared[name] {
 		cfg.Proxy.Listen = n.ip + ":0"
 	}
+	var notify func(string)
+	if tm.notify != nil {
+		notify = func(state string) { tm.notify(name, state) }
+	}
 	a, err := New(cfg, Options{
+		Notify: notify,
 		MeshTuning: func(c *mesh.Config) {
 			c.GossipInterval = 20 * time.Millisecond
 			c.ProbeInterval = 100 * time.Millisecond
@@ -267,6 +277,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			c.JoinMaxBackoff = 100 * time.Millisecond
 			c.RejoinInterval = 100 * time.Millisecond
 			c.RejoinMaxBackoff = 400 * time.Millisecond
+			if tm.meshTuning != nil {
+				tm.meshTuning(name, c)
+			}
 		},
 		TransportTuning: func(c *mesh.TransportConfig) {
 			if !tm.quicDefaults {

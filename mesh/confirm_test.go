@@ -70,12 +70,11 @@ func deathForger(t *testing.T, a *testNode) func(node string) {
 	}
 }
 
-// quicNode gives n a QUIC transport on its own address, serving every
-// request with 200 and confirming gossip deaths when confirm is set.
-func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Transport {
+// runTransport starts a transport from cfg and serves it until the test
+// ends.
+func runTransport(t *testing.T, cfg TransportConfig) *Transport {
 	t.Helper()
-	tr, err := NewTransport(TransportConfig{Name: n.name, Key: n.m.NodeKey(), PacketConn: pc, Peers: n.m, Handler: echoHandler(),
-		KeepAlivePeriod: 100 * time.Millisecond, MaxIdleTimeout: time.Second, Leaving: n.m.Leaving, Keyring: n.m})
+	tr, err := NewTransport(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +82,15 @@ func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Trans
 	done := make(chan struct{})
 	go func() { defer close(done); _ = tr.Serve(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; tr.Close() })
+	return tr
+}
+
+// quicNode gives n a QUIC transport on its own address, serving every
+// request with 200 and confirming gossip deaths when confirm is set.
+func quicNode(t *testing.T, n *testNode, pc net.PacketConn, confirm bool) *Transport {
+	t.Helper()
+	tr := runTransport(t, TransportConfig{Name: n.name, Key: n.m.NodeKey(), PacketConn: pc, Peers: n.m, Handler: echoHandler(),
+		KeepAlivePeriod: 100 * time.Millisecond, MaxIdleTimeout: time.Second, Leaving: n.m.Leaving, Keyring: n.m})
 	if confirm {
 		n.m.SetConfirmer(tr)
 	}

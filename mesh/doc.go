@@ -73,9 +73,13 @@
 // (NodeCertificate) and pin the other's key to an admitted node through a
 // PeerDirectory: the Mesh, or a StaticDirectory where there is no gossip
 // (benchmarks, tools). The node a connection was verified as is the only
-// identity the serving side trusts (PeerFromRequest). Live connections are
-// re-checked against the directory: revocation or a changed key cuts them;
-// gossip alone saying a peer is gone does not.
+// identity the serving side trusts (PeerFromRequest). The dialing side
+// pins a live admitted member's key; the serving side asks only whether the
+// client's (name, key) is vouched for (TrustsKey, on the node meta it last
+// gossiped), so a restarted peer is served while gossip here still records
+// its leave. Live connections are re-checked against the directory:
+// revocation or a changed key cuts them; gossip alone saying a peer is
+// gone does not.
 //
 // # Words
 //

@@ -84,6 +84,12 @@ type HealOptions struct {
 	OnJoin func(addr string, members int)
 	// OnRefused is called after a permanent refusal (ErrJoinRefused).
 	OnRefused func(addr string, err error)
+	// OnFirstRound is called once, when the first round of contacts has
+	// ended: every configured join address and saved peer was contacted
+	// once (or there was none to contact, or this node's own certificate
+	// has expired). joined says whether a contact succeeded, so that the
+	// node knows its peers and what they serve.
+	OnFirstRound func(joined bool)
 }
 
 // Heal joins the mesh and keeps it whole until ctx ends or the Mesh
@@ -127,9 +133,27 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 	tick := time.NewTicker(min(m.cfg.RejoinInterval, time.Second))
 	defer tick.Stop()
 	lastSave, lastCertWarn := time.Time{}, time.Time{}
-	for {
+	for round := 0; ; round++ {
+		var first sync.WaitGroup
 		if !m.ownCertExpired(&lastCertWarn) {
-			m.healRound(ctx, &wg, onJoin, onRefused)
+			rwg := &wg
+			if round == 0 {
+				rwg = &first
+			}
+			m.healRound(ctx, rwg, onJoin, onRefused)
+		}
+		if round == 0 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				first.Wait()
+				h.mu.Lock()
+				joined := h.joined
+				h.mu.Unlock()
+				if o.OnFirstRound != nil {
+					o.OnFirstRound(joined)
+				}
+			}()
 		}
 		if o.Seqs != nil {
 			m.saveSeqs(o.Seqs)

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -49,10 +50,12 @@ func (b *memBook) names() []string {
 
 // partitionable wraps a node's real UDP/TCP gossip transport: while cut,
 // every packet in and out is dropped and every stream refused, as if the
-// node's network were unplugged.
+// node's network were unplugged; while deaf, only the packets coming in
+// are dropped.
 type partitionable struct {
 	memberlist.NodeAwareTransport
 	cut     atomic.Bool
+	deaf    atomic.Bool
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 	done    chan struct{}
@@ -69,7 +72,7 @@ func newPartitionable(inner memberlist.NodeAwareTransport) *partitionable {
 		for {
 			select {
 			case pk := <-inner.PacketCh():
-				if p.cut.Load() {
+				if p.cut.Load() || p.deaf.Load() {
 					continue
 				}
 				select {
@@ -324,4 +327,63 @@ func TestExpiredOwnCertificateDoesNotJoin(t *testing.T) {
 	}
 	x.clock.Advance(-2 * time.Hour) // valid again: it joins
 	eventually(t, 5*time.Second, "x joins once its certificate is valid", func() bool { return a.m.IsAdmitted("x") })
+}
+
+// TestHealReportsItsFirstRound: OnFirstRound is called once, when every
+// first contact has ended: with joined true once a configured address
+// answered (and the node then lists its peer), false when the only one is
+// dead, and false at once when there is nobody to contact.
+func TestHealReportsItsFirstRound(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start(healConfig(c, "a"))
+	dead, err := net.Listen("tcp", "127.0.0.1:0") // closed at once: refuses
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	tests := []struct {
+		name string
+		join []string
+		want bool
+	}{
+		{"nobody to contact", nil, false},
+		{"a live peer", []string{a.m.GossipAddr()}, true},
+		{"a dead address only", []string{deadAddr}, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := healConfig(c, fmt.Sprintf("n%d", i))
+			cfg.Join = tt.join
+			n := c.start(cfg)
+			got := make(chan bool, 2)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = n.m.Heal(ctx, HealOptions{OnFirstRound: func(joined bool) {
+					if joined && !slices.Contains(memberNames(n.m), "a") {
+						t.Errorf("first round joined, but %s does not list a", n.name)
+					}
+					got <- joined
+				}})
+			}()
+			defer func() { cancel(); <-done }()
+			select {
+			case j := <-got:
+				if j != tt.want {
+					t.Errorf("OnFirstRound(%v), want %v", j, tt.want)
+				}
+			case <-time.After(15 * time.Second * loadFactor):
+				t.Fatal("OnFirstRound was not called")
+			}
+			// Later rounds do not call it again (a dead address is retried
+			// every RejoinInterval).
+			cancel()
+			<-done
+			if len(got) != 0 {
+				t.Errorf("OnFirstRound called %d more times", len(got))
+			}
+		})
+	}
 }

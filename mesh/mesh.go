@@ -72,6 +72,9 @@ type Mesh struct {
 	// memberlist.Members' nodes are shared with its state goroutines and
 	// may not be read outside them.
 	gossipLive map[string]string
+	liveXor    uint64       // xor of nameHash over gossipLive's names (see liveDigest)
+	liveEvents atomic.Int64 // changes of gossipLive's name set so far
+	aeWant     chan string  // a digest differed: push/pull with this sender (antiEntropyLoop)
 
 	early early // adverts that came before their origin's alive message
 	// back names peers gossip saw alive again (first join, refuted
@@ -79,6 +82,9 @@ type Mesh struct {
 	// what it holds.
 	back     chan string
 	lastBack time.Time // the last re-advertisement it caused; the loop's own
+	// lastPiggybacks is stats.advertPiggybacks when the advertise loop
+	// last looked (gossipStarvedAdverts); the loop's own.
+	lastPiggybacks uint64
 
 	metaCache    metaCache
 	refusals     refusals
@@ -143,6 +149,7 @@ func New(cfg Config) (*Mesh, error) {
 
 		gossipLive: map[string]string{},
 		back:       make(chan string, 64),
+		aeWant:     make(chan string, 1),
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}
@@ -197,8 +204,9 @@ func New(cfg Config) (*Mesh, error) {
 	self := m.ml.LocalNode().Address()
 	m.selfAddrCache.Store(&self)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.advertiseLoop()
+	go m.antiEntropyLoop()
 	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
 		zap.String("public_key", identity.EncodeKey(m.pub)))
 	return m, nil
@@ -388,11 +396,12 @@ func (m *Mesh) scopeOf(node string) (identity.Scope, string, *peer) {
 	}
 	m.mu.RLock()
 	p, t := m.peers[node], m.trust
+	certOK := p != nil && p.certOK // SetTrust rewrites certOK under the lock
 	m.mu.RUnlock()
 	if p == nil {
 		return 0, "unknown_node", nil
 	}
-	s, why := t.admit(node, p.meta.key, p.meta.cert, p.certOK, m.cfg.Now())
+	s, why := t.admit(node, p.meta.key, p.meta.cert, certOK, m.cfg.Now())
 	return s, why, p
 }
 
@@ -451,6 +460,27 @@ func (m *Mesh) PeerKey(node string) (ed25519.PublicKey, bool) {
 // but whose QUIC connection is alive keeps it; liveness is the transport's
 // keep-alive's business. Never blocks.
 func (m *Mesh) TrustsKey(node string, key ed25519.PublicKey) bool {
+	s, known := m.lastKnownScope(node)
+	return s != 0 && known.Equal(key)
+}
+
+// Trusted reports whether node is vouched for right now (any scope) on the
+// node meta it last gossiped, whether it is a live member or left: the
+// serving side's question about a peer whose QUIC connection proved its
+// key. A peer restarting (its new incarnation already asking, gossip still
+// recording the old one's leave) is Trusted; so is one gossip falsely
+// called dead. A node never seen in gossip is not (its admission
+// certificate travels in its node meta). It implements
+// placement.Admission and never blocks.
+func (m *Mesh) Trusted(node string) bool {
+	s, _ := m.lastKnownScope(node)
+	return s != 0
+}
+
+// lastKnownScope admits node on its last known node meta, live or
+// departed: its scope (0 when not admitted or never seen) and the key it
+// is known by.
+func (m *Mesh) lastKnownScope(node string) (identity.Scope, ed25519.PublicKey) {
 	m.mu.RLock()
 	p, t := m.peers[node], m.trust
 	if p == nil {
@@ -461,14 +491,14 @@ func (m *Mesh) TrustsKey(node string, key ed25519.PublicKey) bool {
 		certOK bool
 	)
 	if p != nil {
-		meta, certOK = p.meta, p.certOK
+		meta, certOK = p.meta, p.certOK // SetTrust rewrites certOK under the lock
 	}
 	m.mu.RUnlock()
-	if meta == nil || !meta.key.Equal(key) {
-		return false
+	if meta == nil {
+		return 0, nil
 	}
 	s, _ := t.admit(node, meta.key, meta.cert, certOK, m.cfg.Now())
-	return s != 0
+	return s, meta.key
 }
 
 // SetTrust replaces the trust configuration (on reload). Run-time
@@ -650,6 +680,12 @@ func (a *AdmissionProxy) Bind(m *Mesh) { a.m.Store(m) }
 func (a *AdmissionProxy) IsAdmitted(node string) bool {
 	m := a.m.Load()
 	return m != nil && m.IsAdmitted(node)
+}
+
+// Trusted forwards to the bound Mesh; false while unbound.
+func (a *AdmissionProxy) Trusted(node string) bool {
+	m := a.m.Load()
+	return m != nil && m.Trusted(node)
 }
 
 // MayServe forwards to the bound Mesh; false while unbound.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,18 +74,23 @@ func TestAdvertsPropagateAndLateJoinerConverges(t *testing.T) {
 	}
 }
 
-// send delivers a raw gossip message from one node to another.
+// send delivers a raw gossip message from one node to another. The target
+// is a Node of our own making: memberlist.Members' nodes are shared with its
+// state goroutines, which rewrite them as gossip arrives (a data race).
 func send(t *testing.T, from, to *testNode, msg []byte) {
 	t.Helper()
-	var target *memberlist.Node
-	for _, n := range from.m.ml.Members() {
-		if n.Name == to.name {
-			target = n
-		}
-	}
-	if target == nil {
+	if !slices.Contains(memberNames(from.m), to.name) {
 		t.Fatalf("%s does not know %s", from.name, to.name)
 	}
+	host, port, err := net.SplitHostPort(to.m.GossipAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := &memberlist.Node{Name: to.name, Addr: net.ParseIP(host), Port: uint16(p)}
 	if err := from.m.ml.SendReliable(target, msg); err != nil {
 		t.Fatal(err)
 	}

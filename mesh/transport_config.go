@@ -32,9 +32,10 @@ type PeerDirectory interface {
 	PeerKey(node string) (ed25519.PublicKey, bool)
 	// IsAdmitted reports whether node is admitted right now.
 	IsAdmitted(node string) bool
-	// TrustsKey reports whether node with key is still vouched for (not
+	// TrustsKey reports whether node with key is vouched for (not
 	// revoked, key unchanged), whether or not it is a live member now. It
-	// decides whether an established connection stays open.
+	// decides whether a peer's handshake is accepted and whether an
+	// established connection stays open.
 	TrustsKey(node string, key ed25519.PublicKey) bool
 }
 

@@ -686,3 +686,87 @@ func TestTransportShutdownFinishesInFlightRequests(t *testing.T) {
 		t.Error("request after Shutdown succeeded, want an error")
 	}
 }
+
+// TestTransportServesRestartedPeerBeforeGossipDoes: a peer that left the
+// mesh in order and comes back (a restart: same name, same key) is served
+// as soon as it asks over QUIC, while gossip here still records its
+// leave: its connection proves its key, and the trust configuration
+// vouches for it. Gossip liveness is a hint; refusing it would fail every
+// request of a restarted node until gossip had spread its new incarnation.
+// Revoked, it is refused again at once.
+func TestTransportServesRestartedPeerBeforeGossipDoes(t *testing.T) {
+	c := newTestCluster(t)
+	pcs := map[string]net.PacketConn{}
+	c.tweak = func(cfg *Config) {
+		pc, err := net.ListenPacket("udp", cfg.BindAddr) // same 127.0.0.x as gossip, free port
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		pcs[cfg.NodeName] = pc
+		cfg.QUICAddr = pc.LocalAddr().String()
+	}
+	a, b := c.node("a"), c.node("b")
+	b.join(t, a)
+	eventually(t, 5*time.Second, "a and b admit each other", func() bool { return a.m.IsAdmitted("b") && b.m.IsAdmitted("a") })
+	refused := &refusalLog{}
+	start := func(name string, key ed25519.PrivateKey, pc net.PacketConn, dir PeerDirectory, h http.Handler) *Transport {
+		return runTransport(t, TransportConfig{Name: name, Key: key, PacketConn: pc, Peers: dir, Handler: h,
+			KeepAlivePeriod: 100 * time.Millisecond, MaxIdleTimeout: time.Second, RecheckInterval: 50 * time.Millisecond,
+			OnRefused: refused.add})
+	}
+	start("b", b.m.NodeKey(), pcs["b"], b.m, echoHandler())
+	ask := func(tr *Transport) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := post(ctx, tr, "b", `{}`)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		return string(got), err
+	}
+	want := `peer=a ok=true role=chat body={}`
+	if got, err := ask(start("a", a.m.NodeKey(), pcs["a"], a.m, nil)); err != nil || got != want {
+		t.Fatalf("a -> b before the restart: %q, %v; want %q", got, err, want)
+	}
+
+	// a leaves in order and stops; b forgets it.
+	if err := a.m.Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	a.m.Close()
+	eventually(t, 5*time.Second, "b forgets a", func() bool { return !slices.Contains(memberNames(b.m), "a") })
+	if b.m.IsAdmitted("a") {
+		t.Fatal("b still lists a as a live admitted member after its leave")
+	}
+
+	// a's next incarnation asks before gossip has it alive: it never
+	// rejoins gossip here at all, and knows b from a static directory.
+	dir := NewStaticDirectory()
+	bKey := b.m.NodeKey().Public().(ed25519.PublicKey)
+	dir.Set("b", pcs["b"].LocalAddr().String(), bKey)
+	pc2, err := net.ListenPacket("udp", hostOf(pcs["a"].LocalAddr().String())+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc2.Close() })
+	next := start("a", a.m.NodeKey(), pc2, dir, nil)
+	if got, err := ask(next); err != nil || got != want {
+		t.Fatalf("a's next incarnation -> b while b's gossip records its leave: %q, %v; want %q (served)", got, err, want)
+	}
+	if refused.has("a/" + RefusedNotAdmitted) {
+		t.Errorf("b refused a as not admitted: %v", refused.seen)
+	}
+
+	// Revoked, it is refused: its connection is cut and a new handshake fails.
+	if err := b.m.Revoke("a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "b refuses the revoked a", func() bool {
+		_, err := ask(next)
+		return err != nil
+	})
+	eventually(t, 5*time.Second, "the refusal is reported", func() bool { return refused.has("a/" + RefusedNotAdmitted) })
+}

@@ -67,9 +67,10 @@ func NodeCertificate(name string, key ed25519.PrivateKey) (tls.Certificate, erro
 }
 
 // verifyNodeCert checks the peer's certificate chain as presented in the TLS
-// handshake: a leaf whose key is ed25519, whose common name is a node that
-// is admitted right now with exactly that key, and, when want is not empty,
-// that node is want. TLS itself proves the peer holds the private key.
+// handshake: a leaf whose key is ed25519, whose common name is a node
+// vouched for right now with exactly that key, and, when want is not empty
+// (dialing), that node is want and a live admitted member (the one whose
+// address we dialed). TLS itself proves the peer holds the private key.
 func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, ed25519.PublicKey, error) {
 	if len(rawCerts) == 0 {
 		return "", nil, &refusalError{why: RefusedNoCertificate, msg: "no certificate presented"}
@@ -89,6 +90,20 @@ func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, 
 	if want != "" && name != want {
 		return "", nil, &refusalError{why: RefusedWrongNode, node: name,
 			msg: fmt.Sprintf("certificate is for node %q, dialed %q", name, want)}
+	}
+	if want == "" {
+		// Serving: the client proved it holds key. It is served when its
+		// (name, key) is vouched for now, whether or not gossip lists it
+		// alive: a restarted peer asks before every node has heard its
+		// new incarnation, and gossip is a hint, not proof (TrustsKey).
+		if dir.TrustsKey(name, key) {
+			return name, key, nil
+		}
+		if pinned, ok := dir.PeerKey(name); ok && !pinned.Equal(key) {
+			return "", nil, &refusalError{why: RefusedKeyMismatch, node: name,
+				msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeKey(key), identity.EncodeKey(pinned))}
+		}
+		return "", nil, &refusalError{why: RefusedNotAdmitted, node: name, msg: fmt.Sprintf("node %q is not admitted", name)}
 	}
 	if !dir.IsAdmitted(name) {
 		return "", nil, &refusalError{why: RefusedNotAdmitted, node: name, msg: fmt.Sprintf("node %q is not admitted", name)}

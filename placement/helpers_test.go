@@ -32,6 +32,9 @@ func (c *fakeClock) Advance(d time.Duration) {
 type fakeAdmission struct {
 	mu    sync.Mutex
 	nodes map[string]string // node -> "full" | "consumer"
+	// left are nodes trusted but not live members (a peer restarting):
+	// Trusted only.
+	left map[string]bool
 }
 
 func newAdmission(full ...string) *fakeAdmission {
@@ -45,6 +48,7 @@ func newAdmission(full ...string) *fakeAdmission {
 func (a *fakeAdmission) set(node, scope string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	delete(a.left, node)
 	if scope == "" {
 		delete(a.nodes, node)
 		return
@@ -57,6 +61,24 @@ func (a *fakeAdmission) IsAdmitted(node string) bool {
 	defer a.mu.Unlock()
 	_, ok := a.nodes[node]
 	return ok
+}
+
+func (a *fakeAdmission) Trusted(node string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.nodes[node]
+	return ok || a.left[node]
+}
+
+// leave makes node trusted but no longer a live member.
+func (a *fakeAdmission) leave(node string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.nodes, node)
+	if a.left == nil {
+		a.left = map[string]bool{}
+	}
+	a.left[node] = true
 }
 
 func (a *fakeAdmission) MayServe(node string) bool {

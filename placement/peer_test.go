@@ -49,6 +49,9 @@ func TestLocalForPeer(t *testing.T) {
 			}, "chat", "b", ReasonNoLocal,
 		},
 		{"peer revoked", func(env testEnv) { full(env); env.adm.set("b", "") }, "chat", "b", ReasonNotAdmitted},
+		// Its connection proved who it is; gossip not listing it alive (a
+		// restart it has not heard of yet) is no reason to refuse it.
+		{"trusted peer not a live member is served", func(env testEnv) { full(env); env.adm.leave("b") }, "chat", "b", ""},
 		{"consumer-scope peer is served", func(env testEnv) { full(env); env.adm.set("b", "consumer") }, "chat", "b", ""},
 		{"peer is self", func(env testEnv) { full(env); env.t.AllowMeshPeer("chat", "a", true) }, "chat", "a", ReasonSelfNotPeer},
 		{"empty peer", full, "chat", "", ReasonEmptyNode},

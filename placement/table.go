@@ -342,9 +342,11 @@ func (t *Table) ProxyPort(role string) (uint16, bool) {
 // CheckPeer returns the local instance of role that peer's forwarded
 // request may reach, or a *RefusedError saying why not. peer must be the
 // node id the connection was verified as. It requires, in this order: a
-// valid role; peer is not this node; peer still admitted (when the table has
-// an Admission; re-checked on every call so revocation takes effect at
-// once); role exposed; peer on the role's serve list; a local instance.
+// valid role; peer is not this node; peer still trusted (Admission.Trusted,
+// when the table has an Admission: re-checked on every call so revocation
+// takes effect at once; a live membership is not asked, the connection
+// proved the peer); role exposed; peer on the role's serve list; a local
+// instance.
 // It never returns a remote target, so a request cannot be bounced from node
 // to node. Refusals are audited (AuditPeerRefused).
 func (t *Table) CheckPeer(role, peer string) (Local, error) {
@@ -367,7 +369,7 @@ func (t *Table) checkPeer(role, peer string) (Local, Reason) {
 		return Local{}, ReasonEmptyNode
 	case peer == t.nodeID:
 		return Local{}, ReasonSelfNotPeer
-	case t.admission != nil && !t.admission.IsAdmitted(peer):
+	case t.admission != nil && !t.admission.Trusted(peer):
 		return Local{}, ReasonNotAdmitted
 	}
 	t.mu.RLock()

@@ -27,6 +27,11 @@ type Admission interface {
 	// MayServe reports whether node is admitted with scope "full", i.e.
 	// may serve roles to other nodes.
 	MayServe(node string) bool
+	// Trusted reports whether node is trusted now (any scope), not revoked
+	// and not expired, even when it is not a live member right now: what
+	// CheckPeer asks of a peer whose authenticated connection proved who
+	// it is (a restarting peer asks before gossip lists it alive again).
+	Trusted(node string) bool
 }
 
 // AuditSink records policy changes and refusals.

@@ -329,6 +329,7 @@ type admitAll struct{}
 
 func (admitAll) IsAdmitted(string) bool { return true }
 func (admitAll) MayServe(string) bool   { return true }
+func (admitAll) Trusted(string) bool    { return true }
 
 // TestObserverAllocations: once a label set was seen, the request path
 // allocates nothing in the collectors.
