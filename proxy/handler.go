@@ -170,7 +170,7 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return withGrownStack(p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
 			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
@@ -212,7 +212,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, sourcePeer, buf, asked, cand)
-	})))
+	}))
 }
 
 // serveModels lists what the port serves: the role name, and the model names
