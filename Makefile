@@ -23,15 +23,24 @@ demo-image: build
 	printf 'FROM scratch\nCOPY infermesh-demo /infermesh-demo\nEXPOSE 8080\nENTRYPOINT ["/infermesh-demo"]\nCMD ["-listen", "0.0.0.0:8080", "-model", "demo"]\n' \
 		| docker build -q -t $(DEMO_IMAGE) -f - $(BIN)
 
-## install: the binaries in $(PREFIX)/bin, the systemd unit, the sysctl drop-in, and the reference
-## config unless one exists (DESTDIR stages it elsewhere); then see README "Installing on a host"
+## install: the binaries in $(PREFIX)/bin, the systemd unit, the user it runs as (sysusers.d), the
+## sysctl drop-in, and the reference config unless one exists; then see README "Installing on a host".
+## DESTDIR stages the files elsewhere and leaves the user to the target (systemd-sysusers there)
 PREFIX ?= /usr/local
 install: build
 	install -D -m 0755 $(BIN)/infermeshd $(DESTDIR)$(PREFIX)/bin/infermeshd
 	install -D -m 0755 $(BIN)/infermesh $(DESTDIR)$(PREFIX)/bin/infermesh
 	install -D -m 0644 configs/infermeshd.service $(DESTDIR)/etc/systemd/system/infermeshd.service
+	install -D -m 0644 configs/infermesh.sysusers $(DESTDIR)/etc/sysusers.d/infermesh.conf
 	install -D -m 0644 configs/60-infermesh-quic.conf $(DESTDIR)/etc/sysctl.d/60-infermesh-quic.conf
 	[ -e $(DESTDIR)/etc/infermesh/infermesh.yaml ] || install -D -m 0640 configs/infermesh.yaml $(DESTDIR)/etc/infermesh/infermesh.yaml
+# Installed in place: the user and group infermesh, the docker group where Docker is installed, and
+# the config root's but readable by the agent's group (an existing one too: the unit ran as root once)
+ifeq ($(DESTDIR),)
+	systemd-sysusers /etc/sysusers.d/infermesh.conf
+	if getent group docker >/dev/null; then usermod -aG docker infermesh; else echo "no docker group: once Docker is installed, usermod -aG docker infermesh"; fi
+	chgrp infermesh /etc/infermesh/infermesh.yaml
+endif
 
 ## node-image: the Debian bookworm systemd+sshd image docker nodes run (built once per recipe; see internal/nodeimage)
 node-image:

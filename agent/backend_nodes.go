@@ -218,6 +218,8 @@ func (b *Backend) nodePlan(rt *nodes, m *mesh.Mesh, by admin.Caller, req admin.N
 		Keyring:     keyring,
 		AgentBinary: rt.opts.AgentBinary,
 		Unit:        configs.InfermeshdUnit,
+		Sysusers:    configs.Sysusers,
+		User:        configs.User,
 	}
 	if req.Demo {
 		pc.DemoBinary, pc.DemoModel = rt.opts.DemoBinary, demoModel

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,4 +172,53 @@ func dockerSite(t *testing.T, prefix, image string) (*client.Client, string) {
 		_ = cli.Close()
 	})
 	return cli, site
+}
+
+// TestManagedInstanceProbedWithUpstreamKey: a managed container whose
+// server requires its API key on every path, the health path included (the
+// demo model with -api-key, as LiteLLM's master key does), is probed with
+// roles.<r>.upstream_api_key_file's key, so it becomes ready and serves.
+func TestManagedInstanceProbedWithUpstreamKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uses the Docker engine; skipped in -short mode only")
+	}
+	const image = "infermesh-demo:agent-test"
+	_, site := dockerSite(t, "agent-key", image)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "chat.key")
+	if err := os.WriteFile(keyFile, []byte("sk-container\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig([]byte("node: {name: n1, state_dir: " + dir + "}\nsite: " + site + "\nadmin: {socket: " + dir + "/admin.sock}\nroles:\n" +
+		"  chat:\n    port: 1\n    model: demo\n    upstream_api_key_file: " + keyFile + "\n" +
+		"    instance: {image: '" + image + "', port: 8080, env: {INFERMESH_DEMO_API_KEY: sk-container}, restart: {max: 2, backoff: 100ms}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Roles["chat"]
+	r.Port = 0
+	cfg.Roles["chat"] = r
+	a := runAgent(t, cfg, Options{ProvisionTuning: func(c *provision.ManagerConfig) {
+		c.ProbeInterval = 50 * time.Millisecond
+		c.ReadyTimeout = 30 * time.Second
+	}})
+	waitFor(t, "the key-protected container to be probed ready", func() bool { return len(a.Table().Resolve("chat")) == 1 })
+	addr, _ := a.RoleAddr("chat")
+	if st := chatStatus(t, "http://"+addr.String()); st != http.StatusOK {
+		t.Errorf("chat through the proxy: status %d, want 200", st)
+	}
+	// The container refuses requests without the key: the probe passed
+	// because it carried the key.
+	ep := ""
+	for _, c := range a.Table().Resolve("chat") {
+		ep = c.Base
+	}
+	resp, err := http.Get(ep + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET %s/health without the key: %d, want 401", ep, resp.StatusCode)
+	}
 }

@@ -142,6 +142,8 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 		Events: func(e provision.Event) {
 			a.audit.Record(Event{Kind: "provision." + e.Kind.String(), Role: e.Role, Fields: map[string]string{"message": e.Message, "ref": e.Ref}})
 		},
+		// The same keys the proxy sends (upstream_api_key_file).
+		ProbeKey: func(role string) string { return (*a.upKeys.Load())[role] },
 	}
 	if a.opts.ProvisionTuning != nil {
 		a.opts.ProvisionTuning(&mcfg)

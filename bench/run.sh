@@ -19,6 +19,10 @@
 # directory (configs and logs); BENCH_ARGS extra loadgen flags;
 # BENCH_COMPARE=<path to another infermeshd, or a git ref> adds it as the contender
 # infermesh-before, measured in the same run (to compare two builds).
+# BENCH_INSTR_ONLY="<contender> ..." counts instructions for those contenders
+# alone (BENCH_INSTR_N requests each) and stops; with BENCH_KEEP=1 their
+# callgrind outputs stay in the work directory (cg-<contender>/) for
+# callgrind_annotate (build bin/ without -s -w to see symbols).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -432,6 +436,7 @@ EOF
 # infermesh, nginx and infermesh-before only, over fewer requests.
 INSTR_N=2000
 [ "$QUICK" = 1 ] && INSTR_N=300
+INSTR_N=${BENCH_INSTR_N:-$INSTR_N}
 INSTR=()
 count_instructions() {
   local c=$1 first=${#PIDS[@]} pids p total i
@@ -452,13 +457,13 @@ count_instructions() {
   for ((i = first; i < ${#PIDS[@]}; i++)); do kill "${PIDS[$i]}" 2>/dev/null || true; done
   for ((i = first; i < ${#PIDS[@]}; i++)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
   PIDS=("${PIDS[@]:0:first}")
-  rm -rf "$WORK/cg"
+  if [ "${BENCH_KEEP:-0}" = 1 ]; then mv "$WORK/cg" "$WORK/cg-$c"; else rm -rf "$WORK/cg"; fi
   local name=${ENTRIES[-1]#*\"name\":\"}
   INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d}' "${name%%\"*}" "$INSTR_N" "$total")")
   log "instructions: ${name%%\"*}: $total for $INSTR_N requests"
 }
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
-  for c in "${CONTENDERS[@]}"; do
+  for c in ${BENCH_INSTR_ONLY:-${CONTENDERS[@]}}; do
     [ "$c" = direct ] && continue
     # The quick mode counts the local path and nginx only (and the build
     # compared with, under BENCH_COMPARE).
@@ -474,6 +479,7 @@ ENTRIES=()
   IFS=,
   echo "[${INSTR[*]}]"
 ) >"$WORK/instructions.json"
+[ -z "${BENCH_INSTR_ONLY:-}" ] || exit 0
 
 for c in "${CONTENDERS[@]}"; do
   log "starting contender $c"

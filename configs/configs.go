@@ -9,3 +9,12 @@ import _ "embed"
 //
 //go:embed infermeshd.service
 var InfermeshdUnit []byte
+
+// Sysusers is infermesh.sysusers, byte for byte: installed as
+// /etc/sysusers.d/infermesh.conf.
+//
+//go:embed infermesh.sysusers
+var Sysusers []byte
+
+// User is the user (and group) the unit runs as and Sysusers declares.
+const User = "infermesh"

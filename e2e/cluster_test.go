@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/nodeimage"
 	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
@@ -196,6 +197,7 @@ func newCluster(t *testing.T, n int) *cluster {
 		files := map[string][]byte{
 			"etc/infermesh/infermesh.yaml":          []byte(c.config(h)),
 			"etc/systemd/system/infermeshd.service": unit,
+			"etc/sysusers.d/infermesh.conf":         configs.Sysusers,
 		}
 		if files["etc/infermesh/keyring.json"], err = os.ReadFile(keyring); err != nil {
 			t.Fatal(err)
@@ -224,6 +226,13 @@ func newCluster(t *testing.T, n int) *cluster {
 		if err := os.Chmod(filepath.Join(dir, "var/lib/infermesh"), 0o700); err != nil {
 			t.Fatal(err)
 		}
+		// docker cp gives the host's /var and /var/lib these modes: the
+		// agent's user must pass through them.
+		for _, d := range []string{"var", "var/lib"} {
+			if err := os.Chmod(filepath.Join(dir, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for _, sub := range []string{"etc", "usr", "var"} {
 			if _, err := docker(ctx, "cp", filepath.Join(dir, sub), h.ctr+":/"); err != nil {
 				t.Fatal(err)
@@ -234,7 +243,7 @@ func newCluster(t *testing.T, n int) *cluster {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if out, code := c.exec(h, "sh", "-c", "systemctl daemon-reload && systemctl enable --now infermeshd"); code != 0 {
+			if out, code := c.exec(h, "sh", "-c", "systemd-sysusers && chgrp -R infermesh /etc/infermesh && chown infermesh /etc/infermesh/keyring.json && systemctl daemon-reload && systemctl enable --now infermeshd"); code != 0 {
 				t.Errorf("%s: start infermeshd: %s\n%s", h.name, out, c.journal(h))
 			}
 		}()

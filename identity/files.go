@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // writeFileExclusive writes data to path with mode 0600 atomically: the
@@ -52,6 +53,9 @@ func writeTemp(path string, data []byte) (string, error) {
 	if err := f.Chmod(0o600); err != nil {
 		return fail(err)
 	}
+	if err := chownToDirOwner(f, filepath.Dir(path)); err != nil {
+		return fail(err)
+	}
 	if _, err := f.Write(data); err != nil {
 		return fail(err)
 	}
@@ -75,4 +79,24 @@ func syncDir(dir string) error {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// chownToDirOwner gives a file root writes into another user's directory to
+// that user: `sudo infermeshd -keygen` on a host where the agent runs as
+// its own user (the unit's StateDirectory is the user's) makes a key the
+// agent can read. Other callers, and root's own directories, keep the
+// file as it is.
+func chownToDirOwner(f *os.File, dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || sys.Uid == 0 {
+		return nil
+	}
+	return f.Chown(int(sys.Uid), int(sys.Gid))
 }

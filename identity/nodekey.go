@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // NodeKeyFile is the name of the node key file inside the state dir.
@@ -102,7 +103,7 @@ func LoadKey(path string) (ed25519.PrivateKey, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w %s: %w", ErrKeyFile, path, err)
+		return nil, fmt.Errorf("%w %s: %w%s", ErrKeyFile, path, err, ownerHint(path, err))
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -153,4 +154,21 @@ func decodePrivate(s string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("corrupt key: %d bytes, want a %d-byte seed", len(b), ed25519.SeedSize)
 	}
 	return ed25519.NewKeyFromSeed(b), nil
+}
+
+// ownerHint explains a permission error on a file of another user: a key
+// made by root (sudo) for an agent that runs as its own user.
+func ownerHint(path string, err error) string {
+	if !errors.Is(err, fs.ErrPermission) {
+		return ""
+	}
+	st, serr := os.Stat(path)
+	if serr != nil {
+		return ""
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || int(sys.Uid) == os.Geteuid() {
+		return ""
+	}
+	return fmt.Sprintf(" (it belongs to uid %d and this process runs as uid %d: chown it to the user the agent runs as)", sys.Uid, os.Geteuid())
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -114,5 +115,51 @@ func TestCertificateRoundTripAndVerify(t *testing.T) {
 	}
 	if _, err := IssueCertificate(apriv, "bad name", npub, ScopeFull, time.Hour, now); err == nil {
 		t.Error("IssueCertificate accepted a bad node name")
+	}
+}
+
+// TestKeyRootWritesIsTheDirOwners: root writing a key or keyring into a
+// directory another user owns (the agent's state directory, the unit
+// running as its own user) gives the file to that user, so the agent can
+// read it; in root's own directory the file stays root's.
+func TestKeyRootWritesIsTheDirOwners(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can give a file to another user")
+	}
+	const uid, gid = 65534, 65534
+	agentDir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(agentDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(agentDir, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	rootDir := t.TempDir()
+	owner := func(p string) (uint32, uint32, os.FileMode) {
+		t.Helper()
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys := st.Sys().(*syscall.Stat_t)
+		return sys.Uid, sys.Gid, st.Mode().Perm()
+	}
+	for _, tt := range []struct {
+		dir      string
+		uid, gid uint32
+	}{{agentDir, uid, gid}, {rootDir, 0, 0}} {
+		key := filepath.Join(tt.dir, NodeKeyFile)
+		if _, _, err := LoadOrCreateKey(key); err != nil {
+			t.Fatal(err)
+		}
+		ring := filepath.Join(tt.dir, "keyring.json")
+		if _, err := WriteNewKeyring(ring); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{key, ring} {
+			if u, g, m := owner(p); u != tt.uid || g != tt.gid || m != 0o600 {
+				t.Errorf("%s: %d:%d %04o, want %d:%d 0600", p, u, g, m, tt.uid, tt.gid)
+			}
+		}
 	}
 }

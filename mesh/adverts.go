@@ -351,6 +351,7 @@ func (m *Mesh) advertiseLoop() {
 			continue
 		}
 		m.advertiseOnce(sent)
+		m.gossipStarvedAdverts()
 		m.expireEarly()
 		m.enforceAdmission()
 		if time.Since(lastGC) >= m.cfg.AdvertTTL/3 {

@@ -102,6 +102,12 @@ type Config struct {
 	ProbeTimeout  time.Duration
 	// PushPullInterval is the full state sync interval. Default 30s.
 	PushPullInterval time.Duration
+	// AntiEntropyInterval is how often this node sends a digest of the
+	// members it sees to one random member, four times as often for ten
+	// intervals after a membership change; a member whose view differs
+	// push/pulls with it (see antientropy.go). The push/pulls a node starts
+	// are spaced by at least AntiEntropyInterval/4 x ceil(N/100). Default 1s.
+	AntiEntropyInterval time.Duration
 	// SuspicionMult scales how long a suspected node has to refute before it
 	// is declared dead. Default 4.
 	SuspicionMult int
@@ -159,25 +165,26 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeName:         host,
-		Cluster:          DefaultCluster,
-		BindAddr:         DefaultBindAddr,
-		AdvertTTL:        placement.DefaultAdvertTTL,
-		GossipInterval:   200 * time.Millisecond,
-		GossipNodes:      3,
-		ProbeInterval:    time.Second,
-		ProbeTimeout:     500 * time.Millisecond,
-		PushPullInterval: 30 * time.Second,
-		SuspicionMult:    4,
-		RetransmitMult:   4,
-		TCPTimeout:       10 * time.Second,
-		JoinBackoff:      DefaultJoinBackoff,
-		JoinMaxBackoff:   DefaultJoinMaxBackoff,
-		RejoinInterval:   DefaultRejoinInterval,
-		RejoinMaxBackoff: DefaultRejoinMaxBackoff,
-		ReconnectTimeout: DefaultReconnectTimeout,
-		ConfirmTimeout:   DefaultConfirmTimeout,
-		ConfirmInterval:  DefaultConfirmInterval,
+		NodeName:            host,
+		Cluster:             DefaultCluster,
+		BindAddr:            DefaultBindAddr,
+		AdvertTTL:           placement.DefaultAdvertTTL,
+		GossipInterval:      200 * time.Millisecond,
+		GossipNodes:         3,
+		ProbeInterval:       time.Second,
+		ProbeTimeout:        500 * time.Millisecond,
+		PushPullInterval:    30 * time.Second,
+		AntiEntropyInterval: time.Second,
+		SuspicionMult:       4,
+		RetransmitMult:      4,
+		TCPTimeout:          10 * time.Second,
+		JoinBackoff:         DefaultJoinBackoff,
+		JoinMaxBackoff:      DefaultJoinMaxBackoff,
+		RejoinInterval:      DefaultRejoinInterval,
+		RejoinMaxBackoff:    DefaultRejoinMaxBackoff,
+		ReconnectTimeout:    DefaultReconnectTimeout,
+		ConfirmTimeout:      DefaultConfirmTimeout,
+		ConfirmInterval:     DefaultConfirmInterval,
 	}
 }
 
@@ -193,6 +200,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.ProbeInterval = cmp.Or(c.ProbeInterval, d.ProbeInterval)
 	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, d.ProbeTimeout)
 	c.PushPullInterval = cmp.Or(c.PushPullInterval, d.PushPullInterval)
+	c.AntiEntropyInterval = cmp.Or(c.AntiEntropyInterval, d.AntiEntropyInterval)
 	c.TCPTimeout = cmp.Or(c.TCPTimeout, d.TCPTimeout)
 	c.JoinBackoff = cmp.Or(c.JoinBackoff, d.JoinBackoff)
 	c.JoinMaxBackoff = cmp.Or(c.JoinMaxBackoff, d.JoinMaxBackoff)
@@ -244,6 +252,7 @@ func (c Config) withDefaults() (Config, error) {
 		namedDuration{"AdvertTTL", c.AdvertTTL}, namedDuration{"GossipInterval", c.GossipInterval},
 		namedDuration{"ProbeInterval", c.ProbeInterval}, namedDuration{"ProbeTimeout", c.ProbeTimeout},
 		namedDuration{"PushPullInterval", c.PushPullInterval}, namedDuration{"TCPTimeout", c.TCPTimeout},
+		namedDuration{"AntiEntropyInterval", c.AntiEntropyInterval},
 		namedDuration{"JoinBackoff", c.JoinBackoff}, namedDuration{"JoinMaxBackoff", c.JoinMaxBackoff},
 		namedDuration{"RejoinInterval", c.RejoinInterval}, namedDuration{"RejoinMaxBackoff", c.RejoinMaxBackoff},
 		namedDuration{"ReconnectTimeout", c.ReconnectTimeout},

@@ -51,6 +51,8 @@ func (d *delegate) NotifyMsg(b []byte) {
 	switch b[0] {
 	case msgAdvert:
 		m.handleAdvert(b, true)
+	case msgDigest:
+		m.handleDigest(b)
 	default:
 		m.refuse(auditAdvertRefused, "", "", reasonMalformed, fmt.Sprintf("unknown message type %d", b[0]))
 	}
@@ -65,6 +67,7 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 			n += overhead + len(b)
 		}
 		d.stats.advertBroadcastBytes.Add(uint64(n))
+		d.stats.advertPiggybacks.Add(1)
 	}
 	return bs
 }
@@ -106,8 +109,18 @@ func (m *Mesh) setGossipLive(name, addr string) {
 	} else {
 		m.gossipLive[name] = addr
 	}
+	if was != (addr != "") {
+		m.liveXor ^= nameHash(name)
+		m.liveEvents.Add(1)
+	}
+	// Only a peer we knew before is back (see peerBack). A first sighting
+	// is not: the new node got every advert its join contact held in the
+	// join's push/pull, and membership anti-entropy repairs what gossip
+	// missed. (A push/pull with each first-seen peer cost N-1 full-state
+	// push/pulls per node while a fleet formed.)
+	known := m.peers[name] != nil || m.departed[name] != nil
 	m.mu.Unlock()
-	if addr != "" && !was {
+	if addr != "" && !was && known {
 		select {
 		case m.back <- name:
 		default: // the loop has a backlog; it re-sends to everyone in it

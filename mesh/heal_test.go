@@ -50,10 +50,12 @@ func (b *memBook) names() []string {
 
 // partitionable wraps a node's real UDP/TCP gossip transport: while cut,
 // every packet in and out is dropped and every stream refused, as if the
-// node's network were unplugged.
+// node's network were unplugged; while deaf, only the packets coming in
+// are dropped.
 type partitionable struct {
 	memberlist.NodeAwareTransport
 	cut     atomic.Bool
+	deaf    atomic.Bool
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 	done    chan struct{}
@@ -70,7 +72,7 @@ func newPartitionable(inner memberlist.NodeAwareTransport) *partitionable {
 		for {
 			select {
 			case pk := <-inner.PacketCh():
-				if p.cut.Load() {
+				if p.cut.Load() || p.deaf.Load() {
 					continue
 				}
 				select {

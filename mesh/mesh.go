@@ -72,6 +72,9 @@ type Mesh struct {
 	// memberlist.Members' nodes are shared with its state goroutines and
 	// may not be read outside them.
 	gossipLive map[string]string
+	liveXor    uint64       // xor of nameHash over gossipLive's names (see liveDigest)
+	liveEvents atomic.Int64 // changes of gossipLive's name set so far
+	aeWant     chan string  // a digest differed: push/pull with this sender (antiEntropyLoop)
 
 	early early // adverts that came before their origin's alive message
 	// back names peers gossip saw alive again (first join, refuted
@@ -79,6 +82,9 @@ type Mesh struct {
 	// what it holds.
 	back     chan string
 	lastBack time.Time // the last re-advertisement it caused; the loop's own
+	// lastPiggybacks is stats.advertPiggybacks when the advertise loop
+	// last looked (gossipStarvedAdverts); the loop's own.
+	lastPiggybacks uint64
 
 	metaCache    metaCache
 	refusals     refusals
@@ -143,6 +149,7 @@ func New(cfg Config) (*Mesh, error) {
 
 		gossipLive: map[string]string{},
 		back:       make(chan string, 64),
+		aeWant:     make(chan string, 1),
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}
@@ -197,8 +204,9 @@ func New(cfg Config) (*Mesh, error) {
 	self := m.ml.LocalNode().Address()
 	m.selfAddrCache.Store(&self)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.advertiseLoop()
+	go m.antiEntropyLoop()
 	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
 		zap.String("public_key", identity.EncodeKey(m.pub)))
 	return m, nil

@@ -13,11 +13,24 @@ type GossipStats struct {
 	// AdvertStateBytes is the size of our advert state sent in push/pulls
 	// (ours and every fresh advert we hold).
 	AdvertStateBytes uint64
+	// DigestsSent and DigestsReceived count membership digests (see
+	// Config.AntiEntropyInterval); AntiEntropyPushPulls counts the
+	// push/pulls this node started because one differed from its view.
+	DigestsSent, DigestsReceived, AntiEntropyPushPulls uint64
+	// AdvertDirectSends counts adverts sent in packets of their own
+	// because memberlist's broadcasts left no room for them (see
+	// advertgossip.go).
+	AdvertDirectSends uint64
 }
 
 type gossipStats struct {
 	advertBroadcastBytes atomic.Uint64
 	advertStateBytes     atomic.Uint64
+	digestsSent          atomic.Uint64
+	digestsReceived      atomic.Uint64
+	antiEntropyPushPulls atomic.Uint64
+	advertPiggybacks     atomic.Uint64 // gossip packets memberlist took adverts into
+	advertDirectSends    atomic.Uint64
 }
 
 // GossipStats returns the counters since New.
@@ -25,6 +38,10 @@ func (m *Mesh) GossipStats() GossipStats {
 	return GossipStats{
 		AdvertBroadcastBytes: m.stats.advertBroadcastBytes.Load(),
 		AdvertStateBytes:     m.stats.advertStateBytes.Load(),
+		DigestsSent:          m.stats.digestsSent.Load(),
+		DigestsReceived:      m.stats.digestsReceived.Load(),
+		AntiEntropyPushPulls: m.stats.antiEntropyPushPulls.Load(),
+		AdvertDirectSends:    m.stats.advertDirectSends.Load(),
 	}
 }
 

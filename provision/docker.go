@@ -342,7 +342,12 @@ func (p *DockerProvider) CreateInstance(ctx context.Context, spec ProvisionSpec,
 	cc, hc := p.buildConfig(spec)
 
 	for try := 0; ; try++ {
-		cctx, cancel := p.callCtx(ctx)
+		// The engine goes on creating a container after its client gave
+		// up, so a create cancelled by the agent's stop would leave one
+		// nobody recorded. It is short: let it finish (within the call
+		// timeout) and be registered, so it is adopted or replaced next
+		// time and a site cleanup that follows the stop finds it.
+		cctx, cancel := p.callCtx(context.WithoutCancel(ctx))
 		resp, err := p.api.ContainerCreate(cctx, cc, hc, nil, nil, ref)
 		cancel()
 		if err == nil {

@@ -491,6 +491,11 @@ func (in *instance) probeOnce(ctx context.Context, endpoint string) bool {
 	if err != nil {
 		return false
 	}
+	if in.m.cfg.ProbeKey != nil {
+		if k := in.m.cfg.ProbeKey(in.role); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+	}
 	resp, err := in.m.probe.Do(req)
 	if err != nil {
 		return false

@@ -244,6 +244,12 @@ type ManagerConfig struct {
 	PullTimeout time.Duration
 	// LogLines is the per-instance recent-log buffer. Default 500.
 	LogLines int
+	// ProbeKey, when set, returns the API key a role's instance requires
+	// ("" for none): health probes carry it (Authorization: Bearer), as
+	// the requests the agent forwards do, so a key-protected server
+	// (LiteLLM's master key guards its health path too) is seen healthy.
+	// Called for every probe, so a rotated key applies at once.
+	ProbeKey func(role string) string
 }
 
 // DefaultManagerConfig returns the defaults (the required fields unset).

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -97,6 +98,16 @@ func procExe(pid int) (string, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return "", errNoProcess
+		}
+		if errors.Is(err, os.ErrPermission) {
+			// Another user's process: one an agent running as root
+			// started, say, before the agent ran as its own user.
+			if st, serr := os.Stat("/proc/" + strconv.Itoa(pid)); serr == nil {
+				if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+					return "", fmt.Errorf("%w: the process runs as uid %d, this agent as uid %d; stop it as uid %d (with the agent stopped, `infermesh site cleanup --targets <node>` as root)",
+						err, sys.Uid, os.Geteuid(), sys.Uid)
+				}
+			}
 		}
 		return "", err
 	}

@@ -56,10 +56,10 @@ var MeshHeaders = []string{
 // framing or routing header the proxy sets itself, and, with mesh, one of
 // MeshHeaders.
 func forwardable(k string, connNamed []string, mesh bool) bool {
-	for _, h := range hopHeaders {
-		if k == h {
-			return false
-		}
+	switch k { // hopHeaders, as a switch: it runs for every header
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return false
 	}
 	for _, h := range connNamed {
 		if k == h {
@@ -181,7 +181,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			// Counted until forward returns: the response, streamed or
 			// not, is relayed before that.
 			defer p.busy.add(role)()
-			resp, err = p.roundTripLocal(r, role, body, c)
+			resp, err = p.roundTripLocal(r, role, body, buf.model, c)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
 				continue
@@ -208,7 +208,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			p.log.Debug("forward attempt failed", zap.String("role", role), zap.String("target", target), zap.Error(err))
 			continue
 		}
-		if why := resp.Header.Get(RefusedHeader); why != "" && c.Kind == placement.KindRemote {
+		if why := headerValue(resp.Header, RefusedHeader); why != "" && c.Kind == placement.KindRemote {
 			// The peer agent itself refused (policy, admission): it will not
 			// serve this role to us, so another candidate may.
 			_ = resp.Body.Close()
@@ -253,6 +253,12 @@ func classify(err error, target string) *APIError {
 // pinnedBody returns body with its top-level model set to model.
 func pinnedBody(dst, body []byte, model string) []byte {
 	ms, me, found, err := modelSpan(body)
+	return pinnedAt(dst, body, ms, me, found, err, model)
+}
+
+// pinnedAt is pinnedBody given modelSpan's answer for body (a request
+// body's comes from its validation, bodyModel: no second scan).
+func pinnedAt(dst, body []byte, ms, me int, found bool, err error, model string) []byte {
 	if err != nil {
 		return append(dst, body...)
 	}
@@ -308,7 +314,9 @@ func (p *Proxy) upstreamKey(role string) string {
 	return p.cfg.UpstreamKey(role)
 }
 
-func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, c placement.Candidate) (*http.Response, error) {
+// roundTripLocal sends body to the local instance c; m is body's model
+// member, as readBody found it.
+func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m jsonskip.Member, c placement.Candidate) (*http.Response, error) {
 	in, err := baseInstance(c.Base)
 	if err != nil {
 		return nil, err
@@ -316,7 +324,8 @@ func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, c plac
 	out := getBodyBuf()
 	defer out.release()
 	if c.Model != "" {
-		out.b = pinnedBody(out.b[:0], body, c.Model)
+		ms, me, found, err := bodyModel(m)
+		out.b = pinnedAt(out.b[:0], body, ms, me, found, err, c.Model)
 	} else {
 		out.b = append(out.b[:0], body...)
 	}
@@ -376,7 +385,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	defer resp.Body.Close()
 	h := w.Header()
 	copyHeaders(h, resp.Header, false)
-	ct := resp.Header.Get("Content-Type")
+	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
 	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode}
@@ -406,10 +415,10 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	}
 
 	if resp.ContentLength >= 0 && !sse {
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
 	}
 	if sse {
-		h.Del("Content-Length")
+		delete(h, "Content-Length")
 		if obs := p.cfg.Observer; obs != nil {
 			obs.StreamOpen(role)
 			defer obs.StreamClose(role)

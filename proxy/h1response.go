@@ -301,6 +301,8 @@ func (w *h1Response) commit(final bool) {
 	}
 }
 
+// headerValue is h.Get(k) for a canonical k: the first value, or "".
+// (Get canonicalizes its key on every call, a cost on the hot path.)
 func headerValue(h http.Header, k string) string {
 	if v := h[k]; len(v) > 0 {
 		return v[0]

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -44,6 +45,35 @@ func forwardedPath(p string) bool {
 	return p == pathChat || p == pathCompletions || p == pathEmbeddings
 }
 
+// appRoute is where an app's request on a loopback listener goes.
+type appRoute uint8
+
+const (
+	appForward appRoute = iota // a POST to a forwarded path
+	appModels                  // /v1/models and below
+	appRefused                 // answered with the error routeApp returns
+)
+
+// routeApp is what every app-facing listener (a role's port, proxy.listen)
+// checks first: a loopback Host header, no cross-origin browser request, a
+// known path, POST (setting Allow when it is not).
+func routeApp(w http.ResponseWriter, r *http.Request) (appRoute, *APIError) {
+	switch path := r.URL.Path; {
+	case !loopbackHost(r.Host):
+		return appRefused, errForbidden("the Host header must name a loopback address")
+	case !checkBrowserOrigin(headerValue(r.Header, "Origin")):
+		return appRefused, errForbidden("cross-origin requests are refused")
+	case path == pathModels || strings.HasPrefix(path, pathModels+"/"):
+		return appModels, nil
+	case !forwardedPath(path):
+		return appRefused, errNotFound(path)
+	case r.Method != http.MethodPost:
+		w.Header().Set("Allow", http.MethodPost)
+		return appRefused, errMethod(r.Method)
+	}
+	return appForward, nil
+}
+
 // RoleHandler returns the handler of role's loopback port.
 func (p *Proxy) RoleHandler(role string) http.Handler {
 	roleLit := quoteModel(role)
@@ -56,24 +86,12 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !loopbackHost(r.Host) {
-			fail(w, errForbidden("the Host header must name a loopback address"))
-			return
-		}
-		if !checkBrowserOrigin(r.Header.Get("Origin")) {
-			fail(w, errForbidden("cross-origin requests are refused"))
-			return
-		}
-		switch {
-		case r.URL.Path == pathModels || (len(r.URL.Path) > len(pathModels) && r.URL.Path[:len(pathModels)+1] == pathModels+"/"):
+		switch route, e := routeApp(w, r); route {
+		case appModels:
 			p.serveModels(w, r, role)
 			return
-		case !forwardedPath(r.URL.Path):
-			fail(w, errNotFound(r.URL.Path))
-			return
-		case r.Method != http.MethodPost:
-			w.Header().Set("Allow", http.MethodPost)
-			fail(w, errMethod(r.Method))
+		case appRefused:
+			fail(w, e)
 			return
 		}
 		buf, asked, apiErr := p.readModelRequest(r, roleLit)
@@ -152,14 +170,14 @@ func modelKnown(lit []byte, cands []placement.Candidate) bool {
 // nothing about what this node serves. The request only ever reaches a local
 // instance.
 func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused func(r *http.Request, peer, role, why string)) http.Handler {
-	return p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return withGrownStack(p.traced("", sourcePeer, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		peer, ok := identify(r)
 		if !ok {
 			w.Header().Set(RefusedHeader, RefusedUnknownPeer)
 			WriteError(w, errForbidden("peer identity unknown"))
 			return
 		}
-		role := r.Header.Get(RoleHeader)
+		role := headerValue(r.Header, RoleHeader)
 		if err := placement.ValidateRole(role); err != nil {
 			WriteError(w, &APIError{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: "bad_role", Message: "missing or invalid " + RoleHeader + " header"})
 			return
@@ -194,7 +212,7 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 		noteRequest(w, role, asked)
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
 		p.forward(w, r, role, sourcePeer, buf, asked, cand)
-	}))
+	})))
 }
 
 // serveModels lists what the port serves: the role name, and the model names

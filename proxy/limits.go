@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -15,12 +16,25 @@ const fdReserve = 256
 // defaultMaxConns derives the connection cap from the open-file limit: a
 // proxied request holds two descriptors (the client's, the instance's).
 func defaultMaxConns() int {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+	n, limit, ok := fdBudget()
+	if !ok {
 		return 1024
 	}
-	n := (int64(min(rl.Cur, 1<<20)) - fdReserve) / 2
+	if limit > 1<<20 {
+		n = (1<<20 - fdReserve) / 2
+	}
 	return int(min(max(n, 64), 32768))
+}
+
+// fdBudget is how many client connections the open-file limit leaves room
+// for, (limit - fdReserve) / 2, and the limit; ok is false when the limit
+// is unknown.
+func fdBudget() (budget int64, limit uint64, ok bool) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 0, 0, false
+	}
+	return (int64(min(rl.Cur, math.MaxInt64/2)) - fdReserve) / 2, rl.Cur, true
 }
 
 // connLimiter counts client connections against a cap. Safe for

@@ -247,8 +247,16 @@ type roleServer struct {
 
 // New validates cfg and returns a Proxy with no listeners.
 func New(cfg Config) (*Proxy, error) {
+	explicitConns := cfg.MaxConns
 	if err := cfg.fill(); err != nil {
 		return nil, err
+	}
+	if budget, limit, ok := fdBudget(); ok && explicitConns > 0 && int64(explicitConns) > budget {
+		// Past the budget, accept fails for want of descriptors (and the
+		// mesh, the admin socket and the instances starve) before the
+		// cap answers 503.
+		cfg.Logger.Warn("proxy.max_conns is above what the open-file limit leaves for client connections; raise LimitNOFILE or lower max_conns",
+			zap.Int("max_conns", explicitConns), zap.Int64("budget", budget), zap.Uint64("nofile_limit", limit), zap.Int("reserve", fdReserve))
 	}
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{

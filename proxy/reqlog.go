@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Request identity and the access log: every request on a role port or
@@ -122,26 +123,31 @@ func noteRequest(w http.ResponseWriter, role string, model []byte) {
 // when it ends (also when the handler aborts the response).
 func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 	node := p.cfg.NodeName
+	servedBy := []string{node} // shared by every response: never modified
 	alog := p.cfg.AccessLog
 	skip := p.cfg.AccessLogSkip
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(RequestIDHeader)
+		// The keys are canonical constants: no Get/Set, which
+		// canonicalize every key they are given.
+		id := headerValue(r.Header, RequestIDHeader)
 		if !usableRequestID(id) {
 			id = newRequestID()
-			r.Header.Set(RequestIDHeader, id)
+			r.Header[RequestIDHeader] = []string{id}
 		}
 		wh := w.Header()
-		wh.Set(RequestIDHeader, id)
+		wh[RequestIDHeader] = []string{id}
 		if node != "" {
-			wh.Set(ServedByHeader, node)
+			wh[ServedByHeader] = servedBy
 		}
-		if alog == nil {
+		if alog == nil || !alog.Core().Enabled(zapcore.InfoLevel) {
+			// No line would be written (the log's level is above info):
+			// nothing to record either.
 			h.ServeHTTP(w, r)
 			return
 		}
 		rw := &reqWriter{ResponseWriter: w, start: time.Now(), role: role}
 		if source == sourcePeer {
-			rw.role = r.Header.Get(RoleHeader) // until the handler validated it
+			rw.role = headerValue(r.Header, RoleHeader) // until the handler validated it
 		}
 		finished := false
 		defer func() {
@@ -153,9 +159,13 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 			if finished && status < 400 && skip > 0 && rand.Float64() < skip {
 				return
 			}
-			alog.Info("request",
+			ce := alog.Check(zapcore.InfoLevel, "request")
+			if ce == nil {
+				return
+			}
+			ce.Write(
 				zap.String("id", id), zap.String("source", source), zap.String("role", rw.role),
-				zap.String("model", rw.modelName()), zap.String("served_by", w.Header().Get(ServedByHeader)),
+				zap.String("model", rw.modelName()), zap.String("served_by", headerValue(w.Header(), ServedByHeader)),
 				zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status),
 				zap.Duration("duration", time.Since(rw.start)), zap.Duration("ttfb", rw.ttfb),
 				zap.Int64("bytes", rw.bytes), zap.Bool("aborted", !finished))

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/infermesh/infermesh/placement"
@@ -46,24 +45,12 @@ func (p *Proxy) sharedHandler(roles func() []string) http.Handler {
 		return h.(http.Handler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !loopbackHost(r.Host) {
-			WriteError(w, errForbidden("the Host header must name a loopback address"))
-			return
-		}
-		if !checkBrowserOrigin(r.Header.Get("Origin")) {
-			WriteError(w, errForbidden("cross-origin requests are refused"))
-			return
-		}
-		switch {
-		case r.URL.Path == pathModels || strings.HasPrefix(r.URL.Path, pathModels+"/"):
+		switch route, e := routeApp(w, r); route {
+		case appModels:
 			p.serveSharedModels(w, r, roles())
 			return
-		case !forwardedPath(r.URL.Path):
-			WriteError(w, errNotFound(r.URL.Path))
-			return
-		case r.Method != http.MethodPost:
-			w.Header().Set("Allow", http.MethodPost)
-			WriteError(w, errMethod(r.Method))
+		case appRefused:
+			WriteError(w, e)
 			return
 		}
 		buf, apiErr := p.readBody(r)

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -457,7 +456,7 @@ func readResponseHead(br *bufio.Reader) (*http.Response, error) {
 		if colon <= ls || !validToken(s[ls:colon]) {
 			return nil, fmt.Errorf("malformed response header line %q", s[ls:le])
 		}
-		key := textproto.CanonicalMIMEHeaderKey(s[ls:colon])
+		key := canonicalKey(s[ls:colon]) // a valid token: as textproto.CanonicalMIMEHeaderKey
 		va, vb := trim(colon+1, le)
 		v := s[va:vb]
 		if !validValue(v) {

@@ -65,7 +65,7 @@ var usageKey = []byte(`"usage"`)
 // usage, "usage": null, or an object cut by the start of b).
 func lastUsage(b []byte) (prompt, completion int64, ok bool) {
 	for end := len(b); ; {
-		k := bytes.LastIndex(b[:end], usageKey)
+		k := lastKey(b[:end], usageKey)
 		if k < 0 {
 			return 0, 0, false
 		}
@@ -85,6 +85,19 @@ func lastUsage(b []byte) (prompt, completion int64, ok bool) {
 			return prompt, completion, true
 		}
 	}
+}
+
+// lastKey is bytes.LastIndex(b, key) for a key that starts with '"':
+// usage sits near the end of what it is asked about, and LastIndex
+// hashes every byte it passes (Rabin-Karp), where this compares only at
+// quotes.
+func lastKey(b, key []byte) int {
+	for k := len(b) - len(key); k >= 0; k-- {
+		if b[k] == '"' && bytes.Equal(b[k:k+len(key)], key) {
+			return k
+		}
+	}
+	return -1
 }
 
 // usageCounts reads the token counts of the usage object starting at b[i].

@@ -93,7 +93,7 @@ func Listen(c ListenConfig) (*net.UnixListener, error) {
 		gid = g
 	}
 	if err := prepareDir(filepath.Dir(c.Path), c.DirMode, gid); err != nil {
-		return nil, fmt.Errorf("admin socket %s: %w", c.Path, err)
+		return nil, fmt.Errorf("admin socket %s: %w%s", c.Path, err, memberHint(err, c.Group))
 	}
 	if err := clearStale(c.Path, c.ProbeTimeout); err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func Listen(c ListenConfig) (*net.UnixListener, error) {
 	if gid >= 0 {
 		if err := os.Lchown(c.Path, -1, gid); err != nil {
 			_ = ln.Close()
-			return nil, fmt.Errorf("admin socket %s: chown to group %s: %w", c.Path, c.Group, err)
+			return nil, fmt.Errorf("admin socket %s: chown to group %s: %w%s", c.Path, c.Group, err, memberHint(err, c.Group))
 		}
 	}
 	if err := os.Chmod(c.Path, c.SocketMode); err != nil {
@@ -118,6 +118,19 @@ func Listen(c ListenConfig) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("admin socket %s: %w", c.Path, err)
 	}
 	return ln, nil
+}
+
+// memberHint says what a refused chown to the admin group needs: a process
+// that is not root may give its files only to groups it is a member of.
+func memberHint(err error, group string) string {
+	if group == "" || !errors.Is(err, fs.ErrPermission) {
+		return ""
+	}
+	name := strconv.Itoa(os.Geteuid())
+	if u, uerr := user.LookupId(name); uerr == nil {
+		name = u.Username
+	}
+	return fmt.Sprintf(" (the agent runs as %s, which must be a member of admin.group %s: usermod -aG %s %s, then restart the agent)", name, group, group, name)
 }
 
 func prepareDir(dir string, mode fs.FileMode, gid int) error {

@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"flag"
 	"fmt"
@@ -48,6 +49,7 @@ func main() {
 // options are the parsed command line.
 type options struct {
 	listen    string
+	apiKey    string
 	logLevel  zapcore.Level
 	demoModel demomodel.Config
 }
@@ -59,6 +61,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs := flag.NewFlagSet("infermesh-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8081", "address to listen on (host:port; 0.0.0.0:8080 inside a container)")
+	fs.StringVar(&o.apiKey, "api-key", "", "require `Authorization: Bearer KEY` on every path, /health included (as LiteLLM's master key does); empty: none")
 	fs.StringVar(&o.demoModel.Model, "model", "demo", "model id served")
 	fs.IntVar(&o.demoModel.Tokens, "tokens", 16, "tokens per completion")
 	fs.DurationVar(&o.demoModel.TokenDelay, "token-delay", 0, "delay between streamed tokens (0 = answer at once)")
@@ -120,8 +123,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		zap.Duration("token_delay", cfg.TokenDelay),
 		zap.Int("embedding_dim", cfg.EmbeddingDim))
 
+	var h http.Handler = srv
+	if o.apiKey != "" {
+		h = requireKey(o.apiKey, srv)
+	}
 	hs := &http.Server{
-		Handler:           srv,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          zap.NewStdLog(log.Named("http")),
@@ -154,4 +161,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		zap.Uint64("embeddings", st.Embeddings),
 		zap.Uint64("canceled", st.Canceled))
 	return nil
+}
+
+// requireKey answers 401, OpenAI-shaped, to a request without the key.
+func requireKey(key string, next http.Handler) http.Handler {
+	want := []byte("Bearer " + key)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"error":{"message":"invalid or missing API key","type":"invalid_request_error","code":"invalid_api_key"}}`)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -97,18 +97,8 @@ func TestParseFlags(t *testing.T) {
 func TestRunServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	ready := make(chan net.Addr, 1)
-	errc := make(chan error, 1)
 	var logs testproc.SyncBuffer
-	go func() {
-		errc <- run(ctx, []string{"-listen", "127.0.0.1:0", "-model", "tiny", "-tokens", "3"}, envFrom(nil), &logs, ready)
-	}()
-	var addr net.Addr
-	select {
-	case addr = <-ready:
-	case err := <-errc:
-		t.Fatalf("run exited early: %v", err)
-	}
+	addr, errc := startRun(ctx, t, []string{"-listen", "127.0.0.1:0", "-model", "tiny", "-tokens", "3"}, envFrom(nil), &logs)
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -264,5 +254,63 @@ func TestStaticBinary(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("binary did not exit after SIGTERM")
+	}
+}
+
+// TestRunAPIKey: with -api-key (here from the environment) every path, the
+// health path included, wants the key; a wrong or missing one gets 401.
+func TestRunAPIKey(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	var logs testproc.SyncBuffer
+	addr, errc := startRun(ctx, t, []string{"-listen", "127.0.0.1:0"}, envFrom(map[string]string{"INFERMESH_DEMO_API_KEY": "sk-demo"}), &logs)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	for _, tt := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/health", "", http.StatusUnauthorized},
+		{"/health", "Bearer sk-other", http.StatusUnauthorized},
+		{"/health", "Bearer sk-demo", http.StatusOK},
+		{"/v1/models", "", http.StatusUnauthorized},
+		{"/v1/models", "Bearer sk-demo", http.StatusOK},
+	} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+tt.path, nil)
+		if tt.auth != "" {
+			req.Header.Set("Authorization", tt.auth)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("GET %s with %q: %d %s, want %d", tt.path, tt.auth, resp.StatusCode, body, tt.want)
+		}
+		if tt.want == http.StatusUnauthorized && !strings.Contains(string(body), `"code":"invalid_api_key"`) {
+			t.Errorf("401 body %s, want an OpenAI-shaped error", body)
+		}
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Errorf("run after cancel = %v", err)
+	}
+}
+
+// startRun runs run in a goroutine and returns the address it serves on
+// and the channel its result arrives on.
+func startRun(ctx context.Context, t *testing.T, args []string, getenv func(string) string, logs io.Writer) (net.Addr, <-chan error) {
+	t.Helper()
+	ready := make(chan net.Addr, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, args, getenv, logs, ready) }()
+	select {
+	case addr := <-ready:
+		return addr, errc
+	case err := <-errc:
+		t.Fatalf("run exited early: %v", err)
+		return nil, nil
 	}
 }

@@ -238,6 +238,11 @@ func TestNodeSSHProvider(t *testing.T) {
 	if _, err := nodeimage.WaitReady(wctx, e.cli, id); err != nil {
 		t.Fatal(err)
 	}
+	// This host has Docker's group (the docker nodes of the other tests
+	// have none): the agent's user joins it.
+	if out, errOut, code, err := nodeimage.Exec(ctx, e.cli, id, "groupadd", "--system", "docker"); err != nil || code != 0 {
+		t.Fatalf("groupadd docker: exit %d %v %s%s", code, err, out, errOut)
+	}
 	info, err := e.cli.ContainerInspect(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -306,6 +311,16 @@ func TestNodeSSHProvider(t *testing.T) {
 			if !slices.Contains(installed, want) {
 				t.Errorf("after the install the host lacks %s (added: %v)", want, installed)
 			}
+		}
+		// The agent runs as its own user, in the docker group; the
+		// config is root's, readable by the agent's group; its state is
+		// its own.
+		out, _, _, _ = nodeimage.Exec(ctx, e.cli, id, "sh", "-c",
+			`pid=$(systemctl show -p MainPID --value infermeshd); ps -o user= -p $pid; id -nG infermesh; grep -E '^Groups:' /proc/$pid/status | tr -d '\t'; getent group docker | cut -d: -f3; stat -c '%U:%G %a' /etc/infermesh/infermesh.yaml; find /var/lib/infermesh ! -user infermesh`)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 5 || lines[0] != "infermesh" || lines[1] != "infermesh docker" || !slices.Contains(strings.Fields(strings.TrimPrefix(lines[2], "Groups:")), lines[3]) ||
+			lines[4] != "root:infermesh 640" {
+			t.Errorf("agent user, its groups, the agent's groups, docker's gid, the config's owner, state not the agent's:\n%s\nwant infermesh, in docker, config root:infermesh 640, all state the agent's", out)
 		}
 		out, errOut, code = runCLI(t, "node", "remove", "h1", "--socket", sock)
 		if code != 0 {

@@ -5,6 +5,8 @@
 // false ok as malformed input.
 package jsonskip
 
+import "bytes"
+
 // WS returns the index of the first non-whitespace byte at or after i.
 func WS(b []byte, i int) int {
 	for i < len(b) {
@@ -19,21 +21,32 @@ func WS(b []byte, i int) int {
 }
 
 // String returns the index just past the string literal starting at
-// b[i] == '"'; ok is false when it is not terminated.
+// b[i] == '"'; ok is false when it is not terminated. It jumps from quote
+// to quote (bytes.IndexByte) and counts the backslashes before each: an
+// odd run escapes it.
 func String(b []byte, i int) (int, bool) {
 	i++
 	for i < len(b) {
-		switch b[i] {
-		case '\\':
-			i += 2
-		case '"':
-			return i + 1, true
-		default:
-			i++
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return 0, false
 		}
+		q := i + j
+		n := 0
+		for k := q - 1; k >= i && b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		i = q + 1
 	}
 	return 0, false
 }
+
+// inContainer marks the bytes Value must look at inside an object or
+// array; it steps over the rest a byte at a time without a switch.
+var inContainer = [256]bool{'"': true, '{': true, '[': true, '}': true, ']': true}
 
 // Value returns the index just past the JSON value starting at b[i]; ok is
 // false when i is out of range or a string, object or array is not closed.
@@ -55,16 +68,21 @@ func Value(b []byte, i int) (int, bool) {
 					return 0, false
 				}
 				i = e
-				continue
 			case '{', '[':
 				depth++
+				i++
 			case '}', ']':
 				depth--
 				if depth == 0 {
 					return i + 1, true
 				}
+				i++
+			default:
+				i++
 			}
-			i++
+			for i < len(b) && !inContainer[b[i]] {
+				i++
+			}
 		}
 		return 0, false
 	default:

@@ -38,7 +38,9 @@
 // waits until `systemctl is-system-running` says running (or degraded,
 // returning which units failed) and ssh.service is active. The unit
 // configs/infermeshd.service runs there unchanged (Type=notify, its status
-// line shows).
+// line shows) once its user exists: configs/infermesh.sysusers in
+// /etc/sysusers.d, then systemd-sysusers, as make install and the node
+// bootstrap do. The image has no docker group.
 //
 // # From tests
 //

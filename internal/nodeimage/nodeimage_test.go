@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/internal/leakcheck"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/provision"
@@ -284,11 +285,12 @@ func TestNodeContainer(t *testing.T) {
 			"usr/local/bin/infermeshd":              {0o755, agentBin},
 			"etc/infermesh/infermesh.yaml":          {0o640, []byte(cfg)},
 			"etc/systemd/system/infermeshd.service": {0o644, unit},
+			"etc/sysusers.d/infermesh.conf":         {0o644, configs.Sysusers},
 		})
 		if err := cli.CopyToContainer(ctx, id, "/", bytes.NewReader(archive), container.CopyToContainerOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if out, errOut, code, err := Exec(ctx, cli, id, "sh", "-c", "systemctl daemon-reload && systemctl start infermeshd"); err != nil || code != 0 {
+		if out, errOut, code, err := Exec(ctx, cli, id, "sh", "-c", "systemd-sysusers && chgrp infermesh /etc/infermesh/infermesh.yaml && systemctl daemon-reload && systemctl start infermeshd"); err != nil || code != 0 {
 			t.Fatalf("systemctl start infermeshd: exit %d %v\n%s%s", code, err, out, errOut)
 		}
 		out, _, _, err := Exec(ctx, cli, id, "systemctl", "show", "-p", "Type", "-p", "ActiveState", "-p", "StatusText", "infermeshd")

@@ -117,6 +117,9 @@ type BootOptions struct {
 	HostKey ed25519.PrivateKey
 	// AuthorizedKeys may log in as root.
 	AuthorizedKeys []ssh.PublicKey
+	// Binds are added to the container's bind mounts ("src:dst[:opts]"),
+	// e.g. the Docker engine's socket.
+	Binds []string
 }
 
 // Boot creates a node container, seeds its host key and authorized keys,
@@ -128,6 +131,7 @@ func Boot(ctx context.Context, api ContainerAPI, o BootOptions) (string, error) 
 	cc, hc := ContainerConfig(o.Tag)
 	cc.Labels = o.Labels
 	cc.Env = append(cc.Env, o.Env...)
+	hc.Binds = append(hc.Binds, o.Binds...)
 	var nc *network.NetworkingConfig
 	if o.Network != "" {
 		hc.NetworkMode = container.NetworkMode(o.Network)

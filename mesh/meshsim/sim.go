@@ -22,8 +22,20 @@ type Options struct {
 	Latency, Jitter time.Duration
 	Loss            float64
 	// Window is how long steady-state traffic is measured after the advert
-	// reached everyone. Default 5s.
+	// reached everyone, in simulated time. Default 5s.
 	Window time.Duration
+	// TimeScale dilates time: every protocol interval and timeout of the
+	// mesh config (after Tune), the network's latency and jitter and
+	// Window are multiplied by it, and every figure is reported in
+	// simulated time (durations divided by it, rates multiplied). A real
+	// fleet has a CPU per node; here N nodes share the host's, and at
+	// TimeScale 1 a large N starves them (packets queue, probes time out,
+	// nodes are wrongly declared dead), which measures the host, not the
+	// protocol. Dilated, each node gets TimeScale times the CPU per
+	// protocol round. What it cannot dilate: memberlist's and the mesh's
+	// fixed constants (EarlyAdvertHold, the once-a-second re-advertise of
+	// peers back alive), which become shorter in simulated time. Default 1.
+	TimeScale float64
 	// Logf, when set, hears progress.
 	Logf func(format string, args ...any)
 }
@@ -40,6 +52,14 @@ type Result struct {
 	// AdvertQueueMax is the longest advert broadcast queue of any node
 	// when the advert had reached everyone (a starving queue grows).
 	AdvertQueueMax int
+	// AdvertQueueEnd is the longest advert broadcast queue of any node at
+	// the end of Window: a queue that starves (memberlist's own
+	// broadcasts taking every packet) would still hold adverts there.
+	AdvertQueueEnd int
+	// FormPushPulls is how many anti-entropy push/pulls the nodes started
+	// (mesh.GossipStats) until membership was complete, all nodes together;
+	// SteadyPushPulls over Window.
+	FormPushPulls, SteadyPushPulls uint64
 	// Steady-state bytes sent per node per second over Window: every
 	// gossip byte, and the advert part of it (broadcasts and push/pull
 	// state); the rest is membership.
@@ -56,8 +76,8 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("N=%d membership=%v advert=%v advert_queue_max=%d bytes/node/s=%.0f (adverts %.0f, membership %.0f) form_bytes/node=%.0f heap/node=%d KiB lost=%d overflows=%d refusals=%v",
-		r.N, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax,
+	return fmt.Sprintf("N=%d membership=%v advert=%v advert_queue_max=%d advert_queue_end=%d push/pulls=%d+%d bytes/node/s=%.0f (adverts %.0f, membership %.0f) form_bytes/node=%.0f heap/node=%d KiB lost=%d overflows=%d refusals=%v",
+		r.N, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax, r.AdvertQueueEnd, r.FormPushPulls, r.SteadyPushPulls,
 		r.BytesPerNodeSec, r.AdvertBytesPerNodeSec, r.BytesPerNodeSec-r.AdvertBytesPerNodeSec,
 		r.FormBytesPerNode, r.HeapPerNode/1024, r.Net.Lost, r.Net.Overflows, r.Refusals)
 }
@@ -69,10 +89,23 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	if opt.Window <= 0 {
 		opt.Window = 5 * time.Second
 	}
-	nw := &Network{Latency: opt.Latency, Jitter: opt.Jitter, Loss: opt.Loss}
+	k := max(opt.TimeScale, 1)
+	dilate := func(d time.Duration) time.Duration { return time.Duration(float64(d) * k) }
+	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / k) }
+	tune := func(c *mesh.Config) {
+		if opt.Tune != nil {
+			opt.Tune(c)
+		}
+		for _, d := range []*time.Duration{&c.AdvertTTL, &c.GossipInterval, &c.ProbeInterval, &c.ProbeTimeout,
+			&c.PushPullInterval, &c.AntiEntropyInterval, &c.TCPTimeout, &c.JoinBackoff, &c.JoinMaxBackoff,
+			&c.RejoinInterval, &c.RejoinMaxBackoff, &c.ReconnectTimeout, &c.ConfirmTimeout, &c.ConfirmInterval} {
+			*d = dilate(*d)
+		}
+	}
+	nw := &Network{Latency: dilate(opt.Latency), Jitter: dilate(opt.Jitter), Loss: opt.Loss}
 	ts := make([]*Transport, opt.N)
 	heap0 := liveHeap()
-	c, err := meshbench.NewCluster(opt.N, opt.Tune, func(i int) memberlist.Transport {
+	c, err := meshbench.NewCluster(opt.N, tune, func(i int) memberlist.Transport {
 		ts[i] = nw.NewTransport()
 		return ts[i]
 	})
@@ -86,19 +119,22 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		}
 		res.Net = nw.Stats()
 	}()
-	sent := func() (all, adverts uint64) {
+	sent := func() (all, adverts, pushPulls uint64) {
 		for i, t := range ts {
 			all += t.BytesSent()
 			s := c.Meshes[i].GossipStats()
 			adverts += s.AdvertBroadcastBytes + s.AdvertStateBytes
+			pushPulls += s.AntiEntropyPushPulls
 		}
-		return all, adverts
+		return all, adverts, pushPulls
 	}
 
 	if res.Membership, err = c.Form(ctx); err != nil {
 		return res, err
 	}
-	formed, _ := sent()
+	res.Membership = sim(res.Membership)
+	formed, _, pp := sent()
+	res.FormPushPulls = pp
 	res.FormBytesPerNode = float64(formed) / float64(opt.N)
 	if h := liveHeap(); h > heap0 {
 		res.HeapPerNode = (h - heap0) / uint64(opt.N)
@@ -106,20 +142,25 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	if res.Advert, err = c.Advertise(ctx); err != nil {
 		return res, err
 	}
+	res.Advert = sim(res.Advert)
 	for _, m := range c.Meshes {
 		res.AdvertQueueMax = max(res.AdvertQueueMax, m.AdvertQueueLen())
 	}
 	res.Refusals = c.Refusals()
 
-	all0, ad0 := sent()
+	all0, ad0, pp0 := sent()
 	start := time.Now()
 	select {
 	case <-ctx.Done():
 		return res, ctx.Err()
-	case <-time.After(opt.Window):
+	case <-time.After(dilate(opt.Window)):
 	}
-	all1, ad1 := sent()
-	secs := time.Since(start).Seconds() * float64(opt.N)
+	all1, ad1, pp1 := sent()
+	res.SteadyPushPulls = pp1 - pp0
+	for _, m := range c.Meshes {
+		res.AdvertQueueEnd = max(res.AdvertQueueEnd, m.AdvertQueueLen())
+	}
+	secs := sim(time.Since(start)).Seconds() * float64(opt.N)
 	res.BytesPerNodeSec = float64(all1-all0) / secs
 	res.AdvertBytesPerNodeSec = float64(ad1-ad0) / secs
 	return res, nil

@@ -253,10 +253,14 @@ func testSpec(kind Kind) Spec {
 
 func testInstall() Install {
 	return Install{
+		Account: &Account{
+			Sysusers: File{Path: "/etc/sysusers.d/infermesh.conf", Mode: 0o644, Data: []byte("u infermesh - \"infermesh agent\" /var/lib/infermesh\n")},
+			User:     "infermesh", JoinIfPresent: []string{"docker"},
+		},
 		Dirs:       []Dir{{Path: "/var/lib/infermesh", Mode: 0o700}, {Path: "/etc/infermesh", Mode: 0o755}},
 		StagingDir: "/var/lib/infermesh",
 		Files: []File{
-			{Path: "/etc/infermesh/infermesh.yaml", Mode: 0o640, Data: []byte("node: {name: gpu-7}\n")},
+			{Path: "/etc/infermesh/infermesh.yaml", Mode: 0o640, Data: []byte("node: {name: gpu-7}\n"), Group: "infermesh"},
 			{Path: "/etc/systemd/system/infermeshd.service", Mode: 0o644, Data: []byte("[Unit]\n")},
 		},
 		Keygen: "/usr/local/bin/infermeshd -config /etc/infermesh/infermesh.yaml -keygen",

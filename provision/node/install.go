@@ -14,11 +14,15 @@ import (
 )
 
 // Install is what a session puts on a host and starts, in this order:
-// directories, uploads, files, the node key (made on the host), the
-// admission certificate, then units enabled and started. Everything is
-// recorded (SessionSpec.OnInstalled) before it is created, so removal
-// undoes exactly what was put there, even after a crash.
+// the account, directories, uploads, files, the node key (made on the
+// host), the admission certificate, then units enabled and started.
+// Everything is recorded (SessionSpec.OnInstalled) before it is created,
+// so removal undoes exactly what was put there, even after a crash (the
+// account's sysusers.d file included; the user itself stays, as system
+// users do: files may still carry its id).
 type Install struct {
+	// Account, when set, is the system user the agent runs as.
+	Account *Account
 	// Dirs are created (and owned: removed with their contents).
 	Dirs []Dir
 	// StagingDir is where uploads land before they are installed; one of
@@ -42,6 +46,20 @@ type Install struct {
 	UploadTimeout time.Duration
 }
 
+// Account is a system user declared by a sysusers.d file.
+type Account struct {
+	// Sysusers is the sysusers.d file (configs/infermesh.sysusers),
+	// written first and applied with systemd-sysusers, which creates the
+	// user and group when missing and leaves existing ones alone.
+	Sysusers File
+	// User is the user it declares.
+	User string
+	// JoinIfPresent are groups the user joins where the host has them
+	// (docker: the socket's group). A host without the group gets a line
+	// in the log saying so, and the install goes on.
+	JoinIfPresent []string
+}
+
 // Dir is a directory to create.
 type Dir struct {
 	Path string
@@ -62,6 +80,9 @@ type File struct {
 	Path string
 	Mode fs.FileMode
 	Data []byte
+	// Group owns the file when set (the account's group: a config the
+	// agent reads as its own user). Owner stays root.
+	Group string
 }
 
 // TopLevel returns every path the install creates that is not inside a
@@ -80,6 +101,9 @@ func (in Install) TopLevel() []string {
 		if !under(p) && !slices.Contains(out, p) {
 			out = append(out, p)
 		}
+	}
+	if in.Account != nil {
+		add(in.Account.Sysusers.Path)
 	}
 	for _, d := range in.Dirs {
 		add(d.Path)
@@ -134,6 +158,11 @@ func (s *Session) recordInstalled(kind, p string) error {
 // install runs the Install (stage agent_starting).
 func (s *Session) install(ctx context.Context) error {
 	in := s.spec.Install
+	if in.Account != nil {
+		if err := s.account(ctx, *in.Account); err != nil {
+			return err
+		}
+	}
 	for _, d := range in.Dirs {
 		if err := s.recordInstalled(InstalledDir, d.Path); err != nil {
 			return err
@@ -249,11 +278,47 @@ func (s *Session) upload(ctx context.Context, u Upload) error {
 	return nil
 }
 
+// account creates the system user (systemd-sysusers with its file) and
+// adds it to those of its groups the host has.
+func (s *Session) account(ctx context.Context, a Account) error {
+	dir := path.Dir(a.Sysusers.Path)
+	var out []string
+	if err := s.exec(ctx, "test -d "+shellQuote(dir)+" && echo present || echo absent", nil, func(l string) { out = append(out, l) }); err != nil {
+		return fmt.Errorf("look for %s: %w", dir, err)
+	}
+	if len(out) == 0 || out[len(out)-1] != "present" {
+		if err := s.recordInstalled(InstalledParent, dir); err != nil {
+			return err
+		}
+		if err := s.exec(ctx, "install -d -m 0755 "+shellQuote(dir), nil, nil); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	if err := s.writeFile(ctx, a.Sysusers); err != nil {
+		return err
+	}
+	if err := s.exec(ctx, "systemd-sysusers "+shellQuote(a.Sysusers.Path), nil, nil); err != nil {
+		return fmt.Errorf("create user %s: %w", a.User, err)
+	}
+	for _, g := range a.JoinIfPresent {
+		u, q := shellQuote(a.User), shellQuote(g)
+		line := "if getent group " + q + " >/dev/null; then usermod -aG " + q + " " + u + " && echo " + shellQuote(a.User+" joined group "+g) +
+			"; else echo " + shellQuote("no group "+g+" on this host: once it exists, usermod -aG "+g+" "+a.User+" and restart the agent") + "; fi"
+		if err := s.exec(ctx, line, nil, nil); err != nil {
+			return fmt.Errorf("add user %s to group %s: %w", a.User, g, err)
+		}
+	}
+	return nil
+}
+
 func (s *Session) writeFile(ctx context.Context, f File) error {
 	if err := s.recordInstalled(InstalledFile, f.Path); err != nil {
 		return err
 	}
 	line := fmt.Sprintf("umask 077 && cat > %s && chmod %04o %s", shellQuote(f.Path), f.Mode.Perm(), shellQuote(f.Path))
+	if f.Group != "" {
+		line += " && chgrp " + shellQuote(f.Group) + " " + shellQuote(f.Path)
+	}
 	if err := s.exec(ctx, line, bytes.NewReader(f.Data), nil); err != nil {
 		return fmt.Errorf("write %s: %w", f.Path, err)
 	}
@@ -300,6 +365,12 @@ func Uninstall(ctx context.Context, client Client, user string, items []Installe
 				continue
 			}
 			run("rm -rf --one-file-system " + shellQuote(it.Path))
+		case InstalledParent:
+			if err := checkPath(it.Path); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			run("rmdir --ignore-fail-on-non-empty " + shellQuote(it.Path))
 		default:
 			errs = append(errs, fmt.Errorf("unknown installed kind %q (%s)", it.Kind, it.Path))
 		}

@@ -104,6 +104,7 @@ func TestMachineHappyPathCommands(t *testing.T) {
 func TestUninstallUndoesNewestFirstAndOnlyWhatWasRecorded(t *testing.T) {
 	c := newFakeClient()
 	items := []Installed{
+		{Kind: InstalledParent, Path: "/etc/sysusers.d"},
 		{Kind: InstalledDir, Path: "/var/lib/infermesh"},
 		{Kind: InstalledFile, Path: "/usr/local/bin/infermeshd"},
 		{Kind: InstalledFile, Path: "/etc/systemd/system/infermeshd.service"},
@@ -118,6 +119,7 @@ func TestUninstallUndoesNewestFirstAndOnlyWhatWasRecorded(t *testing.T) {
 		"rm -f '/etc/systemd/system/infermeshd.service'",
 		"rm -f '/usr/local/bin/infermeshd'",
 		"rm -rf --one-file-system '/var/lib/infermesh'",
+		"rmdir --ignore-fail-on-non-empty '/etc/sysusers.d'",
 		"systemctl daemon-reload",
 	}
 	if len(got) != len(want) {
@@ -140,11 +142,11 @@ func TestFreshChecksCoverTopLevelPaths(t *testing.T) {
 	in := testInstall()
 	in.Uploads = []Upload{{Path: "/usr/local/bin/infermeshd"}}
 	got := in.TopLevel()
-	want := "/var/lib/infermesh /etc/infermesh /usr/local/bin/infermeshd /etc/systemd/system/infermeshd.service"
+	want := "/etc/sysusers.d/infermesh.conf /var/lib/infermesh /etc/infermesh /usr/local/bin/infermeshd /etc/systemd/system/infermeshd.service"
 	if strings.Join(got, " ") != want {
 		t.Errorf("TopLevel = %v, want %s", got, want)
 	}
-	if n := len(in.FreshChecks()); n != 4 {
-		t.Errorf("%d fresh checks, want 4", n)
+	if n := len(in.FreshChecks()); n != 5 {
+		t.Errorf("%d fresh checks, want 5", n)
 	}
 }

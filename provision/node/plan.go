@@ -20,16 +20,17 @@ import (
 
 // Where a bootstrap puts things on a node.
 const (
-	BinDir      = "/usr/local/bin"
-	ConfigDir   = "/etc/infermesh"
-	StateDir    = "/var/lib/infermesh"
-	CacheDir    = "/var/cache/infermesh" // the unit's CacheDirectory: native instances' caches
-	UnitDir     = "/etc/systemd/system"
-	AgentUnit   = "infermeshd.service"
-	DemoUnit    = "infermesh-demo.service"
-	ConfigFile  = ConfigDir + "/infermesh.yaml"
-	CertFile    = StateDir + "/node.cert"
-	KeyringFile = StateDir + "/keyring.json"
+	BinDir       = "/usr/local/bin"
+	ConfigDir    = "/etc/infermesh"
+	StateDir     = "/var/lib/infermesh"
+	CacheDir     = "/var/cache/infermesh" // the unit's CacheDirectory: native instances' caches
+	UnitDir      = "/etc/systemd/system"
+	SysusersFile = "/etc/sysusers.d/infermesh.conf"
+	AgentUnit    = "infermeshd.service"
+	DemoUnit     = "infermesh-demo.service"
+	ConfigFile   = ConfigDir + "/infermesh.yaml"
+	CertFile     = StateDir + "/node.cert"
+	KeyringFile  = StateDir + "/keyring.json"
 	// MeshPort and QUICPort are the node's gossip and QUIC ports.
 	MeshPort = 7946
 	QUICPort = 7947
@@ -73,6 +74,12 @@ type PlanConfig struct {
 	DemoBinary, DemoModel string
 	// Unit is the infermeshd systemd unit (configs/infermeshd.service).
 	Unit []byte
+	// Sysusers (configs/infermesh.sysusers) declares User, the user the
+	// unit runs as: the install creates it first, adds it to the docker
+	// group where the host has one, and gives the config file its group.
+	// Both empty: the unit runs as root.
+	Sysusers []byte
+	User     string
 	// Resolve looks a host name up (ssh hosts given by name); nil:
 	// net.DefaultResolver.
 	Resolve func(ctx context.Context, host string) ([]net.IP, error)
@@ -125,8 +132,8 @@ func DefaultBoot(arch string) BootSpec {
 				Hint: "the host does not run systemd (no /run/systemd/system): infermeshd is installed as a systemd unit"},
 			{Name: "architecture", Command: "test \"$(uname -m)\" = " + arch,
 				Hint: "the agent binary is built for " + arch},
-			{Name: "tools", Command: "command -v sha256sum && command -v install && command -v journalctl",
-				Hint: "sha256sum, install and journalctl are needed"},
+			{Name: "tools", Command: "command -v sha256sum && command -v install && command -v journalctl && command -v systemd-sysusers && command -v usermod",
+				Hint: "sha256sum, install, journalctl, systemd-sysusers and usermod are needed"},
 		},
 	}
 }
@@ -137,6 +144,9 @@ func DefaultBoot(arch string) BootSpec {
 func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 	if pc.Issue == nil || pc.AgentBinary == "" || len(pc.Keyring) == 0 || len(pc.Unit) == 0 {
 		return BootSpec{}, nil, errors.New("plan: Issue, AgentBinary, Keyring and Unit are required")
+	}
+	if (len(pc.Sysusers) == 0) != (pc.User == "") {
+		return BootSpec{}, nil, errors.New("plan: Sysusers and User go together")
 	}
 	agent, err := checkBinary(pc.AgentBinary)
 	if err != nil {
@@ -166,6 +176,11 @@ func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 		Keygen: BinDir + "/infermeshd -config " + ConfigFile + " -keygen",
 		Units:  []string{AgentUnit},
 	}
+	if pc.User != "" {
+		// The docker group, where there is one, gives the agent the
+		// Docker socket for managed containers.
+		static.Account = &Account{Sysusers: File{Path: SysusersFile, Mode: 0o644, Data: pc.Sysusers}, User: pc.User, JoinIfPresent: []string{"docker"}}
+	}
 	if pc.DemoBinary != "" {
 		static.Uploads = append(static.Uploads, Upload{Path: BinDir + "/infermesh-demo", Mode: 0o755, Local: demo.path, SHA256: demo.sha256})
 		static.Files = append(static.Files, File{Path: UnitDir + "/" + DemoUnit, Mode: 0o644, Data: []byte(demoUnit(pc.DemoModel))})
@@ -190,7 +205,11 @@ func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 			return Install{}, err
 		}
 		in := static
-		in.Files = append([]File{{Path: ConfigFile, Mode: 0o640, Data: cfg}}, static.Files...)
+		// Root's, readable by the agent's group; the state directory is
+		// the agent's: systemd hands it (and the key, keyring and
+		// certificate written into it here as root) to User at the
+		// first start (StateDirectory=).
+		in.Files = append([]File{{Path: ConfigFile, Mode: 0o640, Data: cfg, Group: pc.User}}, static.Files...)
 		name := pc.Spec.Name
 		in.Issue = func(ctx context.Context, pub string) (File, error) {
 			cert, err := pc.Issue(ctx, name, pub)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,7 +22,7 @@ func TestNewPlan(t *testing.T) {
 	pc := PlanConfig{
 		Spec: spec, Site: "lab", Cluster: "infermesh", Bootstrapper: Agent{Name: "hub", PublicKey: fakeNodeKey},
 		Authority: fakeNodeKey, Keyring: []string{"k1", "k2"}, AgentBinary: static, DemoBinary: static, DemoModel: "demo",
-		Unit: []byte("[Unit]\n"),
+		Unit: []byte("[Unit]\n"), Sysusers: []byte("u infermesh -\n"), User: "infermesh",
 		Issue: func(_ context.Context, name, pub string) (string, error) {
 			return "cert(" + name + "," + pub + ")", nil
 		},
@@ -52,7 +53,7 @@ func TestNewPlan(t *testing.T) {
 	got := strings.Join(names, ", ")
 	for _, want := range []string{"systemd", "architecture", "tools", "absent /var/lib/infermesh", "absent /etc/infermesh",
 		"absent /usr/local/bin/infermeshd", "absent /usr/local/bin/infermesh-demo", "absent /etc/systemd/system/infermeshd.service",
-		"absent /etc/systemd/system/infermesh-demo.service", "systemd, architecture"} {
+		"absent /etc/systemd/system/infermesh-demo.service", "absent " + SysusersFile, "systemd, architecture"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("checks %s lack %s", got, want)
 		}
@@ -67,6 +68,12 @@ func TestNewPlan(t *testing.T) {
 	}
 	if in.Files[0].Path != ConfigFile || !strings.Contains(string(in.Files[0].Data), "advertise: 10.0.0.7:7946") {
 		t.Errorf("config = %s\n%s, want the node's resolved IPv4 advertised", in.Files[0].Path, in.Files[0].Data)
+	}
+	if a := in.Account; a == nil || a.User != "infermesh" || a.Sysusers.Path != SysusersFile || string(a.Sysusers.Data) != "u infermesh -\n" || !slices.Equal(a.JoinIfPresent, []string{"docker"}) {
+		t.Errorf("account = %+v, want user infermesh from %s, joining docker where it exists", a, SysusersFile)
+	}
+	if in.Files[0].Group != "infermesh" || in.Files[0].Mode != 0o640 {
+		t.Errorf("config file %04o group %q, want 0640 readable by group infermesh", in.Files[0].Mode, in.Files[0].Group)
 	}
 	if in.Units[0] != DemoUnit || in.Units[1] != AgentUnit || len(in.Uploads) != 2 || in.Uploads[0].SHA256 == "" {
 		t.Errorf("install = %+v, want the demo unit first and both uploads with digests", in)

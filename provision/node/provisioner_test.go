@@ -62,7 +62,7 @@ func TestInstallRecordsBeforeCreating(t *testing.T) {
 				have = append(have, it.Path)
 			}
 		}
-		for _, p := range []string{"/var/lib/infermesh", "/etc/infermesh", "/etc/infermesh/infermesh.yaml", "/var/lib/infermesh/node.cert", "infermeshd.service"} {
+		for _, p := range []string{"/etc/sysusers.d", "/etc/sysusers.d/infermesh.conf", "/var/lib/infermesh", "/etc/infermesh", "/etc/infermesh/infermesh.yaml", "/var/lib/infermesh/node.cert", "infermeshd.service"} {
 			creates := strings.Contains(line, "install -d") || strings.Contains(line, "cat > ") || strings.Contains(line, "enable --now")
 			if creates && strings.Contains(line, shellQuote(p)) && !strings.Contains(strings.Join(have, " "), p) {
 				t.Errorf("%q ran before %s was recorded (recorded: %v)", line, p, have)
@@ -78,7 +78,7 @@ func TestInstallRecordsBeforeCreating(t *testing.T) {
 	for _, it := range rec.Lease.Installed {
 		got = append(got, it.Kind+":"+it.Path)
 	}
-	want := "dir:/var/lib/infermesh dir:/etc/infermesh file:/etc/infermesh/infermesh.yaml file:/etc/systemd/system/infermeshd.service file:/var/lib/infermesh/node.cert unit:infermeshd.service"
+	want := "parent:/etc/sysusers.d file:/etc/sysusers.d/infermesh.conf dir:/var/lib/infermesh dir:/etc/infermesh file:/etc/infermesh/infermesh.yaml file:/etc/systemd/system/infermeshd.service file:/var/lib/infermesh/node.cert unit:infermeshd.service"
 	if strings.Join(got, " ") != want {
 		t.Errorf("installed = %s\nwant        %s", strings.Join(got, " "), want)
 	}

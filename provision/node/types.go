@@ -242,6 +242,10 @@ const (
 	InstalledDir  = "dir"
 	InstalledFile = "file"
 	InstalledUnit = "unit"
+	// InstalledParent is a directory a file needed that the host lacked
+	// (/etc/sysusers.d on Debian): removed only when empty, since others
+	// may put files there afterwards.
+	InstalledParent = "parent"
 )
 
 // Errors by the reference design's kinds. Every error a Provisioner or
