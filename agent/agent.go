@@ -45,6 +45,9 @@ type Options struct {
 	Simulated DevModel
 	// Notify receives readiness and status lines (sd_notify). Nil: none.
 	Notify func(state string)
+	// Listen binds the role ports and the shared port (proxy.Config.Listen).
+	// Nil: net.Listen.
+	Listen func(network, addr string) (net.Listener, error)
 	// OnAdminReady is called with the admin socket path once it answers.
 	OnAdminReady func(socket string)
 	// MeshTuning and ProvisionTuning adjust the mesh and instance manager
@@ -80,6 +83,8 @@ type DevModel func(model string) (base string, stop func(), err error)
 
 // Agent is one running infermeshd.
 type Agent struct {
+	// ready holds the role ports' Accept until Run reports READY.
+	ready     *acceptGate
 	cfg       *Config
 	opts      Options
 	log       *zap.Logger
@@ -114,7 +119,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}}
+	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}, ready: newAcceptGate()}
 	a.audit = NewAuditor(a.log)
 	pcfg := placement.Config{
 		NodeID:    cfg.Node.Name,
@@ -162,6 +167,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		NodeName:        cfg.Node.Name,
 		AccessLog:       accessLog,
 		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
+		Listen:          a.ready.listen(opts.Listen),
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {
@@ -465,17 +471,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.opts.OnAdminReady(ad.SocketPath())
 	}
 	if m != nil {
-		firstRound := make(chan struct{})
-		var once sync.Once
+		joined := newJoinWatch()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.healMesh(runCtx, m, ad.Store().DB(), func(bool) { once.Do(func() { close(firstRound) }) })
+			a.healMesh(runCtx, m, ad.Store().DB(), joined)
 		}()
 		a.notify("STATUS=joining the mesh")
-		a.awaitFirstJoin(ctx, firstRound)
+		a.awaitFirstJoin(ctx, joined.done)
 	}
 
+	a.ready.Open()
 	a.notify("READY=1")
 	a.notify(fmt.Sprintf("STATUS=serving %d role(s)", len(roles)))
 	a.log.Info("infermeshd ready", zap.String("node", a.cfg.Node.Name), zap.String("version", Version))

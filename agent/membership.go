@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -122,10 +123,23 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 // join contacts (an unreachable peer's costs up to memberlist's TCP timeout).
 const readyJoinWait = 5 * time.Second
 
-// awaitFirstJoin waits until the first round of join contacts has ended
-// (first is closed), readyJoinWait has passed or ctx ends. A node reports
-// READY after it: a restarted agent then already knows its peers and what
-// they serve, instead of answering its first requests with no instance.
+// joinWatch is closed once the node has joined (a contact succeeded) or
+// has nobody to join.
+type joinWatch struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func newJoinWatch() *joinWatch { return &joinWatch{done: make(chan struct{})} }
+
+func (j *joinWatch) close() { j.once.Do(func() { close(j.done) }) }
+
+// awaitFirstJoin waits until the node joined the mesh or has nobody to
+// join (first is closed), readyJoinWait has passed or ctx ends. A node
+// reports READY after it: a restarted agent then already knows its peers
+// and what they serve, instead of answering its first requests with no
+// instance. A node whose peers are all unreachable is ready after the
+// bound and keeps trying.
 func (a *Agent) awaitFirstJoin(ctx context.Context, first <-chan struct{}) {
 	t := time.NewTimer(readyJoinWait)
 	defer t.Stop()
@@ -142,14 +156,19 @@ func (a *Agent) awaitFirstJoin(ctx context.Context, first <-chan struct{}) {
 // store, db) whenever they are not live members, with backoff
 // (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
 // node keeps serving its local roles and keeps trying.
-func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB, firstRound func(joined bool)) {
+func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB, jw *joinWatch) {
 	var o mesh.HealOptions
-	o.OnFirstRound = firstRound
+	o.OnFirstRound = func(targets int, joined bool) {
+		if targets == 0 || joined {
+			jw.close() // nobody to join, or joined
+		}
+	}
 	if db != nil {
 		o.Peers, o.Seqs = peerBook{db}, seqBook{db}
 	}
 	var joined atomic.Bool
 	o.OnJoin = func(addr string, members int) {
+		jw.close()
 		if !joined.Swap(true) {
 			a.audit.Record(Event{Kind: "mesh.joined", Fields: map[string]string{"addr": addr, "members": fmt.Sprint(members)}})
 		}

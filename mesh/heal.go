@@ -87,9 +87,10 @@ type HealOptions struct {
 	// OnFirstRound is called once, when the first round of contacts has
 	// ended: every configured join address and saved peer was contacted
 	// once (or there was none to contact, or this node's own certificate
-	// has expired). joined says whether a contact succeeded, so that the
-	// node knows its peers and what they serve.
-	OnFirstRound func(joined bool)
+	// has expired). targets is how many were contacted; joined says
+	// whether one answered, so that the node knows its peers and what
+	// they serve. Later successes are OnJoin's.
+	OnFirstRound func(targets int, joined bool)
 }
 
 // Heal joins the mesh and keeps it whole until ctx ends or the Mesh
@@ -135,12 +136,13 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 	lastSave, lastCertWarn := time.Time{}, time.Time{}
 	for round := 0; ; round++ {
 		var first sync.WaitGroup
+		targets := 0
 		if !m.ownCertExpired(&lastCertWarn) {
 			rwg := &wg
 			if round == 0 {
 				rwg = &first
 			}
-			m.healRound(ctx, rwg, onJoin, onRefused)
+			targets = m.healRound(ctx, rwg, onJoin, onRefused)
 		}
 		if round == 0 {
 			wg.Add(1)
@@ -151,7 +153,7 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 				joined := h.joined
 				h.mu.Unlock()
 				if o.OnFirstRound != nil {
-					o.OnFirstRound(joined)
+					o.OnFirstRound(targets, joined)
 				}
 			}()
 		}
@@ -219,8 +221,10 @@ func (h *healer) addLocked(addr, name string, configured bool, seen time.Time) {
 }
 
 // healRound starts an attempt for every due target that is not a live
-// member. Live peers are recorded as known (their address may change).
-func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(string, int), onRefused func(string, error)) {
+// member, and returns how many it started. Live peers are recorded as
+// known (their address may change).
+func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(string, int), onRefused func(string, error)) int {
+	started := 0
 	now := time.Now()
 	liveAddr := map[string]bool{}
 	liveName := map[string]bool{}
@@ -270,12 +274,14 @@ func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(st
 			continue
 		}
 		tg.busy = true
+		started++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			m.rejoin(ctx, addr, onJoin, onRefused)
 		}()
 	}
+	return started
 }
 
 // rejoin makes one contact with addr and sets its next attempt.

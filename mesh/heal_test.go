@@ -330,9 +330,10 @@ func TestExpiredOwnCertificateDoesNotJoin(t *testing.T) {
 }
 
 // TestHealReportsItsFirstRound: OnFirstRound is called once, when every
-// first contact has ended: with joined true once a configured address
-// answered (and the node then lists its peer), false when the only one is
-// dead, and false at once when there is nobody to contact.
+// first contact has ended, with how many there were: joined is true once a
+// configured address answered (and the node then lists its peer), false
+// when the only one is dead, and false at once when there is nobody to
+// contact.
 func TestHealReportsItsFirstRound(t *testing.T) {
 	c := newTestCluster(t)
 	a := c.start(healConfig(c, "a"))
@@ -343,13 +344,15 @@ func TestHealReportsItsFirstRound(t *testing.T) {
 	deadAddr := dead.Addr().String()
 	dead.Close()
 	tests := []struct {
-		name string
-		join []string
-		want bool
+		name    string
+		join    []string
+		targets int
+		want    bool
 	}{
-		{"nobody to contact", nil, false},
-		{"a live peer", []string{a.m.GossipAddr()}, true},
-		{"a dead address only", []string{deadAddr}, false},
+		{"nobody to contact", nil, 0, false},
+		{"a live peer", []string{a.m.GossipAddr()}, 1, true},
+		{"a dead address only", []string{deadAddr}, 1, false},
+		{"a live peer and a dead address", []string{deadAddr, a.m.GossipAddr()}, 2, true},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -361,9 +364,12 @@ func TestHealReportsItsFirstRound(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				_ = n.m.Heal(ctx, HealOptions{OnFirstRound: func(joined bool) {
+				_ = n.m.Heal(ctx, HealOptions{OnFirstRound: func(targets int, joined bool) {
 					if joined && !slices.Contains(memberNames(n.m), "a") {
 						t.Errorf("first round joined, but %s does not list a", n.name)
+					}
+					if targets != tt.targets {
+						t.Errorf("OnFirstRound: %d targets, want %d", targets, tt.targets)
 					}
 					got <- joined
 				}})

@@ -137,6 +137,10 @@ type Config struct {
 	UpstreamKey func(role string) string
 	// NodeName is this node's name, sent in ServedByHeader. "": none.
 	NodeName string
+	// Listen binds the listener of a role port or of the shared port
+	// (network "tcp"). Nil: net.Listen. cmd/infermeshd hands over sockets
+	// that systemd kept open across a restart, so the port never closes.
+	Listen func(network, addr string) (net.Listener, error)
 	// AccessLog receives one line per request (info). Nil: none.
 	AccessLog *zap.Logger
 	// AccessLogSkip is the fraction of successful requests left out of
@@ -307,7 +311,11 @@ func (p *Proxy) listen(key, addr string, h http.Handler) (net.Addr, error) {
 	if _, ok := p.servers[key]; ok {
 		return nil, fmt.Errorf("%s: already listening", name)
 	}
-	ln, err := net.Listen("tcp", addr)
+	listen := p.cfg.Listen
+	if listen == nil {
+		listen = net.Listen
+	}
+	ln, err := listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

@@ -147,7 +147,15 @@ func run(args []string) error {
 			return demomodel.ServeLoopback(dcfg)
 		}
 	}
-	opts := agent.Options{Logger: log, Notify: sdNotify, Simulated: demo(0), ResetState: *resetState, NewIdentity: *newIdentity}
+	// Listening sockets systemd kept across a restart are taken up again.
+	fds := newFDStore(log, sdNotifyFDs)
+	notify := func(state string) {
+		if state == "READY=1" {
+			fds.releaseUnused() // every listener is bound by now
+		}
+		sdNotify(state)
+	}
+	opts := agent.Options{Logger: log, Notify: notify, Listen: fds.listen, Simulated: demo(0), ResetState: *resetState, NewIdentity: *newIdentity}
 	if *dev {
 		opts.DevModel = demo(*devDelay)
 		opts.OnAdminReady = func(socket string) {

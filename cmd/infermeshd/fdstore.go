@@ -1,0 +1,171 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"go.uber.org/zap"
+)
+
+// Listening sockets that outlive the agent. Under systemd with
+// FileDescriptorStoreMax= set (configs/infermeshd.service), every role
+// port's and the shared port's listening socket is handed to systemd's file
+// descriptor store (sd_notify FDSTORE=1) as soon as it is bound, and
+// systemd hands it back to the next agent (LISTEN_FDS, LISTEN_FDNAMES) when
+// the unit restarts or crashes. The socket is never closed in between: while
+// the old agent drains and the new one starts, the kernel queues the apps'
+// connections and the new agent accepts them, where they were refused
+// before. `systemctl stop` empties the store and closes them.
+
+// fdStore binds the proxy's listeners (agent.Options.Listen): a socket
+// inherited from systemd for the same address when there is one, else a new
+// one; either is stored with systemd. Safe for concurrent use.
+type fdStore struct {
+	mu        sync.Mutex
+	inherited map[string]net.Listener // by FDNAME, not yet taken
+	notify    func(state string, fds ...int) error
+	log       *zap.Logger
+}
+
+// fdName names the listening socket of addr in systemd's store (names may
+// not hold ':').
+func fdName(addr string) string {
+	return "tcp_" + strings.ReplaceAll(addr, ":", "_")
+}
+
+// newFDStore takes the sockets systemd passed to this process (when
+// LISTEN_PID is ours) and clears the variables, so that children do not
+// see them. notify sends to systemd with file descriptors attached.
+func newFDStore(log *zap.Logger, notify func(state string, fds ...int) error) *fdStore {
+	s := &fdStore{inherited: map[string]net.Listener{}, notify: notify, log: log}
+	pid, _ := strconv.Atoi(os.Getenv("LISTEN_PID"))
+	n, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	for _, v := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
+		_ = os.Unsetenv(v)
+	}
+	if pid != os.Getpid() {
+		return s
+	}
+	const firstFD = 3 // SD_LISTEN_FDS_START
+	for i := range n {
+		fd := firstFD + i
+		syscall.CloseOnExec(fd)
+		name := ""
+		if i < len(names) {
+			name = names[i]
+		}
+		f := os.NewFile(uintptr(fd), name)
+		ln, err := net.FileListener(f) // a duplicate: f is closed below
+		_ = f.Close()
+		if err != nil {
+			log.Warn("a file descriptor from systemd is not a listening socket; dropped", zap.String("name", name), zap.Error(err))
+			s.remove(name)
+			continue
+		}
+		s.inherited[name] = ln
+	}
+	if len(s.inherited) > 0 {
+		log.Info("listening sockets kept across the restart", zap.Int("count", len(s.inherited)))
+	}
+	return s
+}
+
+// listen implements agent.Options.Listen.
+func (s *fdStore) listen(network, addr string) (net.Listener, error) {
+	name := fdName(addr)
+	s.mu.Lock()
+	ln := s.inherited[name]
+	delete(s.inherited, name)
+	s.mu.Unlock()
+	if ln != nil && ln.Addr().String() != addr {
+		// Not what its name says (an address given by host name): start afresh.
+		_ = ln.Close()
+		s.remove(name)
+		ln = nil
+	}
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen(network, addr); err != nil {
+			return nil, err
+		}
+	}
+	if _, port, _ := net.SplitHostPort(addr); port != "0" {
+		if err := s.store(name, ln); err != nil && !errors.Is(err, errNoNotifySocket) {
+			s.log.Warn("cannot hand the listening socket to systemd; the port will close while the agent restarts",
+				zap.String("addr", addr), zap.Error(err))
+		}
+	}
+	return ln, nil
+}
+
+// store hands ln's socket to systemd's store (the kernel gives systemd its
+// own descriptor; systemd ignores a socket it already holds). Not through
+// a File: its Fd would put the shared socket into blocking mode, and the
+// listener's Accept could no longer be interrupted by Close.
+func (s *fdStore) store(name string, ln net.Listener) error {
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		return fmt.Errorf("%T is not a TCP listener", ln)
+	}
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var nerr error
+	if err := rc.Control(func(fd uintptr) { nerr = s.notify("FDSTORE=1\nFDNAME="+name, int(fd)) }); err != nil {
+		return err
+	}
+	return nerr
+}
+
+// releaseUnused closes the inherited sockets no listener took (a role or
+// port removed from the config) and removes them from systemd's store.
+// Call it once every listener is bound.
+func (s *fdStore) releaseUnused() {
+	s.mu.Lock()
+	left := s.inherited
+	s.inherited = map[string]net.Listener{}
+	s.mu.Unlock()
+	for name, ln := range left {
+		_ = ln.Close()
+		s.remove(name)
+		s.log.Info("listening socket no longer configured; closed", zap.String("name", name))
+	}
+}
+
+func (s *fdStore) remove(name string) {
+	if name != "" {
+		_ = s.notify("FDSTOREREMOVE=1\nFDNAME=" + name)
+	}
+}
+
+// errNoNotifySocket: not started by systemd (no $NOTIFY_SOCKET).
+var errNoNotifySocket = errors.New("no systemd notification socket")
+
+// sdNotifyFDs sends state to systemd's notification socket with fds
+// attached (SCM_RIGHTS). An unconnected socket: Go's WriteMsgUnix refuses
+// a connected one.
+func sdNotifyFDs(state string, fds ...int) error {
+	path := os.Getenv("NOTIFY_SOCKET")
+	if path == "" {
+		return errNoNotifySocket
+	}
+	sock, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(sock)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = syscall.UnixRights(fds...)
+	}
+	// A leading '@' names an abstract socket; SockaddrUnix maps it.
+	return syscall.Sendmsg(sock, []byte(state), oob, &syscall.SockaddrUnix{Name: path}, 0)
+}
