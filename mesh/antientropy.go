@@ -28,7 +28,7 @@ import (
 // sender's address): both sides end with the union of what they know. It
 // costs one small packet a node per interval while views agree, and
 // push/pulls only while they do not. The push/pulls a node starts are
-// spaced by at least AntiEntropyInterval/4 x ceil(N/100) (a push/pull
+// spaced by at least the digest interval x ceil(N/100) (a push/pull
 // carries every member's state, so this bounds the bytes a node spends on
 // them per second whatever N is), and the spacing doubles, up to
 // PushPullInterval, for each push/pull that changed nothing we see while no
@@ -125,14 +125,18 @@ func (m *Mesh) antiEntropyLoop() {
 		seen      int64     // membership events counted at the last tick
 		changed   time.Time // when we last saw the count move
 	)
-	next := func() time.Duration {
+	// interval is the current one: fast while membership is changing.
+	interval := func() time.Duration {
 		if ev := m.liveEvents.Load(); ev != seen {
 			seen, changed = ev, time.Now()
 		}
-		d := slow
 		if time.Since(changed) < aeFastFor*slow {
-			d = fast
+			return fast
 		}
+		return slow
+	}
+	next := func() time.Duration {
+		d := interval()
 		return d/2 + rand.N(d)
 	}
 	t := time.NewTimer(next())
@@ -150,7 +154,7 @@ func (m *Mesh) antiEntropyLoop() {
 				fruitless = 0 // membership moved since: views may differ for a new reason
 			}
 			n := int(m.members.Load())
-			spacing := fast * time.Duration((n+aeSpacingPer-1)/aeSpacingPer)
+			spacing := interval() * time.Duration((n+aeSpacingPer-1)/aeSpacingPer)
 			spacing = min(spacing<<min(fruitless, 16), max(spacing, m.cfg.PushPullInterval))
 			if time.Since(last) < spacing {
 				continue // the next differing digest asks again

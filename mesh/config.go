@@ -106,7 +106,7 @@ type Config struct {
 	// members it sees to one random member, four times as often for ten
 	// intervals after a membership change; a member whose view differs
 	// push/pulls with it (see antientropy.go). The push/pulls a node starts
-	// are spaced by at least AntiEntropyInterval/4 x ceil(N/100). Default 1s.
+	// are spaced by at least that interval x ceil(N/100). Default 1s.
 	AntiEntropyInterval time.Duration
 	// SuspicionMult scales how long a suspected node has to refute before it
 	// is declared dead. Default 4.

@@ -118,6 +118,7 @@ func (m *Mesh) forgetPeer(p *peer, evidence string) {
 	}
 	m.departed[p.name] = p
 	delete(m.peers, p.name)
+	m.unindexKeyLocked(p)
 	delete(m.removed, p.name)
 	m.members.Store(int64(len(m.peers) + 1))
 	m.mu.Unlock()

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/hashicorp/memberlist"
@@ -177,8 +178,12 @@ func (m *Mesh) upsertPeer(n *memberlist.Node) {
 	}
 	m.mu.Lock()
 	certOK := m.trust.certOK(meta.cert)
-	_, had := m.peers[n.Name]
+	old, had := m.peers[n.Name]
+	if had {
+		m.unindexKeyLocked(old)
+	}
 	m.peers[n.Name] = &peer{name: n.Name, addr: n.Address(), meta: meta, certOK: certOK}
+	m.peerKeys[string(meta.key)] = append(m.peerKeys[string(meta.key)], n.Name)
 	delete(m.departed, n.Name)
 	m.members.Store(int64(len(m.peers) + 1))
 	m.mu.Unlock()
@@ -218,6 +223,17 @@ func (a *aliveDelegate) NotifyAlive(n *memberlist.Node) error {
 	return fmt.Errorf("%s: %s", why, detail)
 }
 
+// unindexKeyLocked removes p from peerKeys. m.mu must be held for writing.
+func (m *Mesh) unindexKeyLocked(p *peer) {
+	k := string(p.meta.key)
+	names := slices.DeleteFunc(m.peerKeys[k], func(n string) bool { return n == p.name })
+	if len(names) == 0 {
+		delete(m.peerKeys, k)
+	} else {
+		m.peerKeys[k] = names
+	}
+}
+
 // checkIdentity checks n's meta, cluster, and that its name and key do not
 // collide with this node or another live peer. It returns the refusal
 // reason and detail, or "" when fine.
@@ -243,9 +259,9 @@ func (m *Mesh) checkIdentity(n *memberlist.Node) (string, string) {
 	if p := m.peers[n.Name]; p != nil && !p.meta.key.Equal(meta.key) {
 		return reasonNameConflict, fmt.Sprintf("node name %q is already used by a live node with another key (at %s)", n.Name, p.addr)
 	}
-	for _, p := range m.peers {
-		if p.name != n.Name && p.meta.key.Equal(meta.key) {
-			return reasonKeyConflict, fmt.Sprintf("node %q uses the key of live node %q: a copied state dir?", n.Name, p.name)
+	for _, other := range m.peerKeys[string(meta.key)] {
+		if other != n.Name {
+			return reasonKeyConflict, fmt.Sprintf("node %q uses the key of live node %q: a copied state dir?", n.Name, other)
 		}
 	}
 	return "", ""

@@ -171,13 +171,13 @@ func run(ctx context.Context, args []string) error {
 		p.StreamReps, p.StreamDur = 1, time.Duration(p.StreamTokens)*p.StreamDelay/2
 		p.ManyLevels, p.ManyRate = []int{512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10}, 20*time.Second
-		p.SimNodes, p.SimTimeout = []int{100}, time.Minute
+		p.SimNodes, p.SimTimeout = []int{100}, 4*time.Minute
 	} else {
 		p.Reps, p.Warmup, p.LatencyDur, p.ThroughDur = 7, 2*time.Second, 1500*time.Millisecond, 1500*time.Millisecond
 		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
 		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 75*time.Second
-		p.SimNodes, p.SimTimeout = []int{100, 300, 1000}, 15*time.Minute
+		p.SimNodes, p.SimTimeout = []int{100, 300, 1000}, 30*time.Minute
 	}
 	if *skipMesh {
 		p.MeshNodes, p.SimNodes = nil, nil

@@ -98,7 +98,11 @@ type simRes struct {
 	N                int     `json:"n"`
 	Membership       string  `json:"membership,omitempty"`
 	Advert           string  `json:"advert,omitempty"`
+	TimeScale        float64 `json:"time_scale"`
 	AdvertQueueMax   int     `json:"advert_queue_max"`
+	AdvertQueueEnd   int     `json:"advert_queue_end"`
+	FormPushPulls    uint64  `json:"form_push_pulls"`
+	SteadyPushPulls  uint64  `json:"steady_push_pulls"`
 	BytesPerNodeSec  float64 `json:"bytes_per_node_s"`
 	AdvertBytesNodeS float64 `json:"advert_bytes_per_node_s"`
 	FormBytesPerNode float64 `json:"form_bytes_per_node"`
@@ -281,7 +285,7 @@ func (b *bench) runAll(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		logf("mesh simulation: %d nodes over an in-memory network (%v latency)", n, simLatency)
+		logf("mesh simulation: %d nodes over an in-memory network (%v latency, time x%g)", n, simLatency, meshsim.TimeScaleFor(n))
 		b.sim = append(b.sim, runSim(ctx, n, b.p.SimTimeout))
 		logf("  %+v", b.sim[len(b.sim)-1])
 	}
@@ -297,8 +301,9 @@ func runSim(ctx context.Context, n int, timeout time.Duration) simRes {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cpu0, t0 := processCPU(), time.Now()
-	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second})
-	sr := simRes{N: n, AdvertQueueMax: r.AdvertQueueMax, BytesPerNodeSec: r.BytesPerNodeSec,
+	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second, TimeScale: meshsim.TimeScaleFor(n)})
+	sr := simRes{N: n, TimeScale: r.TimeScale, AdvertQueueMax: r.AdvertQueueMax, AdvertQueueEnd: r.AdvertQueueEnd,
+		FormPushPulls: r.FormPushPulls, SteadyPushPulls: r.SteadyPushPulls, BytesPerNodeSec: r.BytesPerNodeSec,
 		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode,
 		HeapPerNodeKiB: r.HeapPerNode / 1024, Overflows: r.Net.Overflows,
 		CPUSeconds: (processCPU() - cpu0).Seconds(), WallSeconds: time.Since(t0).Seconds()}

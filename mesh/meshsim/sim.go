@@ -24,6 +24,13 @@ type Options struct {
 	// Window is how long steady-state traffic is measured after the advert
 	// reached everyone, in simulated time. Default 5s.
 	Window time.Duration
+	// Settle is how long to wait, in simulated time, after the advert
+	// reached everyone before Window starts. After a whole fleet formed at
+	// once, memberlist keeps retransmitting every member's alive message
+	// (RetransmitMult x log10(N+1) times each, a few per packet) for about
+	// N/5 simulated seconds; a Window right after formation measures that
+	// drain, one after Settle the quiet mesh. Default 0.
+	Settle time.Duration
 	// TimeScale dilates time: every protocol interval and timeout of the
 	// mesh config (after Tune), the network's latency and jitter and
 	// Window are multiplied by it, and every figure is reported in
@@ -40,9 +47,17 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// TimeScaleFor is the TimeScale the benchmarks use for n nodes: n/25, at
+// least 1, so that the CPU per node and simulated second stays that of 25
+// nodes at scale 1: measured, 100 undilated nodes need about 0.4 of a core
+// and starve on a shared 2-core host with a load average of 10.
+func TimeScaleFor(n int) float64 { return max(1, float64(n)/25) }
+
 // Result is what a simulation measured.
 type Result struct {
 	N int
+	// TimeScale is the dilation used (Options.TimeScale, at least 1).
+	TimeScale float64
 	// Membership is the time from the first join until every node lists
 	// every other.
 	Membership time.Duration
@@ -76,8 +91,8 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("N=%d membership=%v advert=%v advert_queue_max=%d advert_queue_end=%d push/pulls=%d+%d bytes/node/s=%.0f (adverts %.0f, membership %.0f) form_bytes/node=%.0f heap/node=%d KiB lost=%d overflows=%d refusals=%v",
-		r.N, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax, r.AdvertQueueEnd, r.FormPushPulls, r.SteadyPushPulls,
+	return fmt.Sprintf("N=%d time_scale=%g membership=%v advert=%v advert_queue_max=%d advert_queue_end=%d push/pulls=%d+%d bytes/node/s=%.0f (adverts %.0f, membership %.0f) form_bytes/node=%.0f heap/node=%d KiB lost=%d overflows=%d refusals=%v",
+		r.N, r.TimeScale, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax, r.AdvertQueueEnd, r.FormPushPulls, r.SteadyPushPulls,
 		r.BytesPerNodeSec, r.AdvertBytesPerNodeSec, r.BytesPerNodeSec-r.AdvertBytesPerNodeSec,
 		r.FormBytesPerNode, r.HeapPerNode/1024, r.Net.Lost, r.Net.Overflows, r.Refusals)
 }
@@ -86,6 +101,7 @@ func (r Result) String() string {
 // fails keeps the figures of the earlier ones.
 func Run(ctx context.Context, opt Options) (res Result, err error) {
 	res.N = opt.N
+	res.TimeScale = max(opt.TimeScale, 1)
 	if opt.Window <= 0 {
 		opt.Window = 5 * time.Second
 	}
@@ -148,6 +164,11 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	}
 	res.Refusals = c.Refusals()
 
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(dilate(opt.Settle)):
+	}
 	all0, ad0, pp0 := sent()
 	start := time.Now()
 	select {

@@ -3,6 +3,7 @@ package meshsim
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -31,13 +32,17 @@ func TestRunSmall(t *testing.T) {
 
 // BenchmarkSim reports formation, advert propagation, traffic and memory
 // per node at growing N over the in-memory network (LAN profile, 1 ms
-// latency).
+// latency), time dilated by TimeScaleFor(N).
+//
+// MESHSIM_SETTLE (a duration, simulated) waits that long after the advert
+// before measuring traffic (Options.Settle).
 func BenchmarkSim(b *testing.B) {
+	settle, _ := time.ParseDuration(os.Getenv("MESHSIM_SETTLE"))
 	for _, n := range []int{100, 300, 1000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			for b.Loop() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-				r, err := Run(ctx, Options{N: n, Latency: time.Millisecond})
+				r, err := Run(ctx, Options{N: n, Latency: time.Millisecond, TimeScale: TimeScaleFor(n), Settle: settle})
 				cancel()
 				if err != nil {
 					b.Fatal(err)
