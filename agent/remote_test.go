@@ -138,6 +138,9 @@ type testMesh struct {
 	// meshTuning, when set, adjusts a node's mesh config after the fast
 	// test defaults.
 	meshTuning func(name string, c *mesh.Config)
+	// transportTuning, when set, adjusts a node's QUIC transport config
+	// after the test defaults.
+	transportTuning func(name string, c *mesh.TransportConfig)
 	// notify, when set, receives a node's readiness and status lines.
 	notify func(name, state string)
 }
@@ -288,6 +291,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 			}
 			c.RecheckInterval = 50 * time.Millisecond
 			c.PacketConn = quicPC
+			if tm.transportTuning != nil {
+				tm.transportTuning(name, c)
+			}
 		},
 	})
 	if err != nil {

@@ -163,3 +163,42 @@ func slowPeer(t *testing.T, tm *testMesh) (*meshNode, *testUpstream) {
 	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
 	return a, ub
 }
+
+// A live peer that has as many of our requests open as it allows streams
+// (mesh.max_streams_per_peer), all waiting on a slow model, is not cut:
+// the progress check has no stream left to ask on until one of them ends,
+// and a peer that answers nothing new while it holds every stream is no
+// silent peer (its packets keep arriving).
+func TestRemoteSlowModelAtStreamLimitIsNotCut(t *testing.T) {
+	const streams = 4
+	tm := newTestMesh(t, "a", "b")
+	tm.transportTuning = func(name string, c *mesh.TransportConfig) {
+		if name == "b" {
+			c.MaxStreamsPerPeer = streams
+		}
+	}
+	a, ub := slowPeer(t, tm)
+	c := sdkClient(a.url("chat"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make(chan error, streams)
+	for range streams {
+		go func() {
+			_, err := c.Chat.Completions.New(ctx, chatReq("chat"))
+			errs <- err
+		}()
+	}
+	for i := range streams {
+		if err := <-errs; err != nil {
+			t.Errorf("request %d of %d at b's stream limit: %v", i+1, streams, err)
+		}
+	}
+	if got := ub.requests.Load(); got != streams {
+		t.Errorf("b's model saw %d requests, want %d (no retry)", got, streams)
+	}
+	for _, p := range a.agent.PeerScores() {
+		if p.Node == "b" && (p.Failures > 0 || p.CooledDown) {
+			t.Errorf("a's view of b after slow answers = %+v, want no failure", p)
+		}
+	}
+}

@@ -49,14 +49,16 @@ func (l *lateRemote) RoundTrip(r *http.Request) (*http.Response, error) {
 // answers: it drains the requests it has, so they are waited for. One that
 // left (no longer a member, so it cannot be asked) keeps the requests it
 // drains too: they end with its connection, which is kept for as long as
-// its key is trusted.
+// its key is trusted. One that holds every stream it allows us (all our
+// requests, waiting on its instance) could not be asked: that is no sign of
+// silence, and the connection's idle timeout ends it if it falls silent.
 func (l *lateRemote) progressing(ctx context.Context, node string) error {
 	tr := l.tr.Load()
 	if tr == nil {
 		return errNoTransport
 	}
 	err := tr.ConfirmAlive(ctx, node)
-	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) {
+	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) || errors.Is(err, mesh.ErrPeerBusy) {
 		return nil
 	}
 	return err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -150,13 +152,23 @@ const probePath = "/.well-known/infermesh/alive"
 
 // ConfirmAlive asks node over QUIC (its pinned key) whether it is alive and
 // not leaving: it implements Confirmer.
+//
+// A probe that ctx ended before it could even be sent returns ErrPeerBusy:
+// the connection has every request stream the peer allows open (our own
+// requests hold them), so the probe waited for one to end; that is no sign
+// that the peer is silent.
 func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+node+probePath, nil)
+	var sent atomic.Bool
+	trace := &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, "https://"+node+probePath, nil)
 	if err != nil {
 		return err
 	}
 	resp, err := t.RoundTrip(req)
 	if err != nil {
+		if ctx.Err() != nil && !sent.Load() && t.connected(node) {
+			return fmt.Errorf("%s: %w", node, ErrPeerBusy)
+		}
 		return err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
@@ -174,6 +186,12 @@ func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
 // mesh: it answered (it is alive, draining), but is going.
 var ErrPeerLeaving = errors.New("peer is leaving the mesh")
 
+// ErrPeerBusy is ConfirmAlive's answer when the probe found no stream to
+// be sent on before its deadline: every stream the peer allows on the
+// connection is open. The peer is not known to be silent; the connection's
+// idle timeout (MaxIdleTimeout) still ends it if the peer stops answering.
+var ErrPeerBusy = errors.New("peer has every stream it allows open; the probe could not be sent")
+
 // serveProbe answers ConfirmAlive: 204 while this node is in the mesh, 503
 // once it is leaving.
 func (t *Transport) serveProbe(w http.ResponseWriter) {
@@ -182,4 +200,13 @@ func (t *Transport) serveProbe(w http.ResponseWriter) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// connected reports whether our connection to node is open: a probe that
+// could not be sent on it had no stream, not no connection.
+func (t *Transport) connected(node string) bool {
+	t.mu.Lock()
+	d := t.dialed[node]
+	t.mu.Unlock()
+	return d != nil && d.conn.Context().Err() == nil
 }

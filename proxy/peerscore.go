@@ -399,8 +399,8 @@ func (t *scoredTransport) roundTrip(r *http.Request, node string) (*http.Respons
 	close(headers)
 	<-watched
 	if err != nil {
-		if errors.Is(context.Cause(ctx), ErrNoProgress) && r.Context().Err() == nil {
-			err = fmt.Errorf("peer %q: %w", node, ErrNoProgress)
+		if cause := context.Cause(ctx); errors.Is(cause, ErrNoProgress) && r.Context().Err() == nil {
+			err = fmt.Errorf("peer %q: %w", node, cause)
 		}
 		cancel(nil)
 		return nil, err
@@ -438,7 +438,9 @@ func (t *scoredTransport) watch(ctx context.Context, node string, headers <-chan
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				cancel(ErrNoProgress)
+				// The probe's own error says why (no answer in time, the
+				// connection gone, ...): the attempt's log carries it.
+				cancel(fmt.Errorf("%w (probe: %v)", ErrNoProgress, err))
 			}
 			return
 		}
