@@ -83,11 +83,16 @@ func (m *Mesh) confirmGone(c Confirmer, p *peer) {
 		if !current {
 			return // back alive in gossip (or replaced): nothing to decide
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrPeerBusy):
+			// Our own requests hold every stream the peer allows: the
+			// probe was never sent, so nothing was learnt. Ask again
+			// later; a peer that is really gone ends the connection
+			// (idle timeout) and the next probe says so.
+		case err != nil:
 			m.forgetPeer(p, "gossip, then quic: "+err.Error())
 			return
-		}
-		if first {
+		case first:
 			first = false
 			m.refusals.count(auditNodeRefused, p.name, "", reasonFalseDeath)
 			m.log.Warn("gossip says a peer is gone but it answers over QUIC; keeping its adverts", zap.String("peer", p.name))

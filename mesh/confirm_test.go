@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,5 +175,42 @@ func TestLeaveIsNotRefuted(t *testing.T) {
 	eventually(t, 5*time.Second, "a forgets b", func() bool { return !a.resolvesTo("chat", "b") })
 	if a.audit.membership(AuditPeerDeathRefuted, "b") {
 		t.Errorf("a refuted b's leave")
+	}
+}
+
+// busyConfirmer answers every probe as a peer whose streams our own
+// requests all hold: the probe could not be sent.
+type busyConfirmer struct{ probes atomic.Int64 }
+
+func (c *busyConfirmer) ConfirmAlive(context.Context, string) error {
+	c.probes.Add(1)
+	return ErrPeerBusy
+}
+
+// TestBusyPeerIsNotForgottenOnGossipDeath: gossip says b is dead while
+// every stream b allows is held by a's own requests, so the confirming
+// probe cannot be sent (ErrPeerBusy). That proves nothing either way: a
+// keeps b's adverts (and asks again later) instead of forgetting it, and
+// does not audit a refutation it never got.
+func TestBusyPeerIsNotForgottenOnGossipDeath(t *testing.T) {
+	a, _ := quicPair(t, true)
+	busy := &busyConfirmer{}
+	a.m.SetConfirmer(busy)
+	forgeDeath := deathForger(t, a)
+	lost := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end) || busy.probes.Load() == 0; {
+		forgeDeath("b")
+		for range 10 {
+			if !a.resolvesTo("chat", "b") {
+				lost++
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if lost != 0 {
+		t.Errorf("a did not resolve chat to b in %d samples while b was busy, want 0", lost)
+	}
+	if a.audit.membership(AuditPeerDeathRefuted, "b") {
+		t.Errorf("a audited a refutation b never gave")
 	}
 }
