@@ -58,10 +58,21 @@ func TestAntiEntropyRepairsMissedJoin(t *testing.T) {
 	eventually(t, 5*time.Second, "a, b and d see each other", func() bool {
 		return seesAll(a, "b", "d") && seesAll(b, "a", "d") && seesAll(d, "a", "b", "c")
 	})
-	// d's alive messages are retransmitted RetransmitMult x 1 times each,
-	// 20 ms apart: well over by now on a quiet machine. (Under load some
-	// may reach c after it hears again, and the test proves less.)
-	time.Sleep(time.Second)
+	// d's alive messages are retransmitted RetransmitMult x 1 times each:
+	// wait until c has missed some and the gossip to c has gone quiet
+	// (no packet dropped for 10 polls in a row), so what c learns of d
+	// after it hears again is not a late retransmission.
+	var last int64
+	quiet := 0
+	eventually(t, 30*time.Second, "the gossip c misses goes quiet", func() bool {
+		n := deaf.dropped.Load()
+		if n == last {
+			quiet++
+		} else {
+			last, quiet = n, 0
+		}
+		return n > 0 && quiet >= 10
+	})
 	deaf.deaf.Store(false)
 	eventually(t, 5*time.Second, "c learns of d", func() bool { return seesAll(cn, "d") })
 	var pushPulls uint64

@@ -56,6 +56,7 @@ type partitionable struct {
 	memberlist.NodeAwareTransport
 	cut     atomic.Bool
 	deaf    atomic.Bool
+	dropped atomic.Int64 // packets dropped while cut or deaf
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 	done    chan struct{}
@@ -73,6 +74,7 @@ func newPartitionable(inner memberlist.NodeAwareTransport) *partitionable {
 			select {
 			case pk := <-inner.PacketCh():
 				if p.cut.Load() || p.deaf.Load() {
+					p.dropped.Add(1)
 					continue
 				}
 				select {
