@@ -447,7 +447,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	if m != nil {
 		o.FirstEvent = m.first
 		if err == nil {
-			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(m.tail)
+			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(m.Tail())
 		}
 	}
 	if err != nil {
