@@ -353,6 +353,11 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 	u := &url.URL{Scheme: "https", Host: c.Node, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
 	req := p.outRequest(r, u, out, true)
 	req.Header[RoleHeader] = []string{role}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		// An empty value sends none: the HTTP/3 client would add its own,
+		// and the peer's instance would see it for the app's.
+		req.Header["User-Agent"] = []string{""}
+	}
 	return p.cfg.Remote.RoundTrip(req)
 }
 
