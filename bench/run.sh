@@ -27,7 +27,9 @@
 # The instruction counts also count infermesh_info: the local path with
 # the log at level info, the default (the timed contenders log at warn), its
 # access log written to a file, so the report shows what the access log
-# costs per request.
+# costs per request. BENCH_INFO=1 also times it (as infermesh-info), so
+# its CPU per request at c=64 shows the log's write system calls too,
+# which callgrind does not count.
 #
 # The report's header gives how long each phase took (the instruction
 # counts, the contenders' start, then the load generator's) and the load
@@ -39,8 +41,9 @@ LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 CONTENDERS=(direct infermesh infermesh_quic nginx nginx_tls haproxy)
 [ -z "${BENCH_COMPARE:-}" ] || CONTENDERS+=(infermesh_before)
-# Counted under callgrind only, not timed.
+# Counted under callgrind; timed too under BENCH_INFO=1.
 INSTR_EXTRA=(infermesh_info)
+[ "${BENCH_INFO:-0}" != 1 ] || { CONTENDERS+=(infermesh_info) && INSTR_EXTRA=(); }
 
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
@@ -116,7 +119,7 @@ if [ -n "${BENCH_COMPARE:-}" ] && [ ! -x "$BENCH_COMPARE" ]; then
   BENCH_COMPARE=$WORK/infermeshd-before
 fi
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 32)
+mapfile -t PORTS < <("$LOADGEN" -free-ports 34)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
@@ -212,7 +215,7 @@ contender_infermesh() { infermesh_at infermesh bin/infermeshd "$(port 3)" "$(por
 
 # The local path logging at info, the default: one access-log line per
 # request, JSON to its log file in the work directory (counted only).
-contender_infermesh_info() { infermesh_at infermesh-info bin/infermeshd "$(port 3)" "$(port 4)" "$(port 5)" info; }
+contender_infermesh_info() { infermesh_at infermesh-info bin/infermeshd "$(port 31)" "$(port 32)" "$(port 33)" info; }
 
 contender_infermesh_before() { infermesh_at infermesh-before "$BENCH_COMPARE" "$(port 12)" "$(port 13)" "$(port 14)"; }
 
@@ -487,9 +490,13 @@ count_instructions() {
   WRAP=() WAIT_TRIES=100
   IFS=, read -ra pids <<<"$LAST_PIDS"
   "$LOADGEN" -fixed 200 -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: warm-up failed"
+  local name=${ENTRIES[-1]#*\"name\":\"} logged0 logged=0
+  name=${name%%\"*}
+  logged0=$(access_lines "$name")
   for p in "${pids[@]}"; do callgrind_control -z "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -z $p ($c) failed"; done
   "$LOADGEN" -fixed "$INSTR_N" -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: requests failed"
   for p in "${pids[@]}"; do callgrind_control -d "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -d $p ($c) failed"; done
+  logged=$(($(access_lines "$name") - logged0))
   total=0
   for p in "${pids[@]}"; do
     total=$((total + $(awk '/^totals:/ {s += $2} END {print s + 0}' "$WORK/cg/$p.out".*)))
@@ -498,11 +505,13 @@ count_instructions() {
   for ((i = first; i < ${#PIDS[@]}; i++)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
   PIDS=("${PIDS[@]:0:first}")
   if [ "${BENCH_KEEP:-0}" = 1 ]; then mv "$WORK/cg" "$WORK/cg-$c"; else rm -rf "$WORK/cg"; fi
-  local name=${ENTRIES[-1]#*\"name\":\"}
-  INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d}' "${name%%\"*}" "$INSTR_N" "$total")")
-  log "instructions: ${name%%\"*}: $total for $INSTR_N requests"
-  phase_done "instructions ${name%%\"*}" "$t0"
+  INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d,"logged":%d}' "$name" "$INSTR_N" "$total" "$logged")")
+  log "instructions: $name: $total for $INSTR_N requests ($logged access-log lines)"
+  phase_done "instructions $name" "$t0"
 }
+# access_lines <contender>: the access-log lines in its log so far (zap's
+# sampler writes the first 100 a second of a message, then 1 in 100).
+access_lines() { grep -c '"logger":"access"' "$WORK/$1.log" 2>/dev/null || true; }
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
   for c in ${BENCH_INSTR_ONLY:-${CONTENDERS[@]} ${INSTR_EXTRA[@]}}; do
     [ "$c" = direct ] && continue

@@ -101,11 +101,12 @@ func TestSummaryRows(t *testing.T) {
 				{Name: "nginx", C1: &LatFig{AddedP50: med(40), AddedP99: med(111)}, TTFT: &LatFig{AddedP99: med(100)}, Throughput: &ThrFig{RPS: med(25000), CPU: med(30)}},
 				{Name: "haproxy", Throughput: thr(27500, 1.1, 28)},
 				{Name: quicName, Throughput: thr(13000, 0.52, 120), Many: []manyRes{{Streams: 4096, Completed: 4096, KiBPerStream: 70}}},
+				{Name: infoName, Throughput: thr(19000, 0.76, 45)},
 			},
 			Mesh: []meshRes{{N: 50, Membership: "2.5s", Advert: "300ms"}, {N: 100, Membership: "2.9s", Advert: "1.2s"}},
 			Sim:  []simRes{{N: 1000, Advert: "900ms", AdvertQueueMax: 40}},
 			Instructions: []instrCount{{Name: "infermesh", Requests: 10, Instructions: 620000}, {Name: "nginx", Requests: 10, Instructions: 250000},
-				{Name: infoName, Requests: 10, Instructions: 700000}},
+				{Name: infoName, Requests: 10, Instructions: 700000, Logged: 5}},
 		}
 		rows := r.summary()
 		for _, tc := range []struct {
@@ -122,8 +123,9 @@ func TestSummaryRows(t *testing.T) {
 			{9, "yes", "2.5s"},
 			{10, "yes", "900ms; 0 (max 40)"},
 			{11, "–", "infermesh 40.0 + 10.0"},
+			{11, "–", "the access log (level info, to a file) costs 5.0 µs"},
 			{12, "–", "infermesh 62,000 (2.48× nginx)"},
-			{12, "–", "the access log (level info, to a file) costs 8,000 per request"},
+			{12, "–", "the access log (level info, to a file) costs 8,000 per request, 5 lines written for 10 requests (zap's sampler), at most 16,000 per line written"},
 		} {
 			row := rows[tc.row]
 			if row.Met != tc.met || !strings.Contains(row.Figure, tc.inFigure) {
