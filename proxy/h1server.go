@@ -365,11 +365,11 @@ type h1Conn struct {
 
 	// Disconnect watching, under wmu.
 	wmu         sync.Mutex
-	cancel      context.CancelFunc // the current request's; nil between requests
-	bodyDone    bool               // the request body was read to its end
-	watchWanted bool               // watchDelay passed before bodyDone
-	watchDone   chan struct{}      // non-nil while a watcher runs
-	gone        bool               // the watcher saw the client go away
+	cancel      *reqCtx       // the current request's context; nil between requests
+	bodyDone    bool          // the request body was read to its end
+	watchWanted bool          // watchDelay passed before bodyDone
+	watchDone   chan struct{} // non-nil while a watcher runs
+	gone        bool          // the watcher saw the client go away
 	stopWatch   atomic.Bool
 	timer       *time.Timer
 }
@@ -398,10 +398,10 @@ func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
 func (c *h1Conn) abort() {
 	c.nc.Close()
 	c.wmu.Lock()
-	cancel := c.cancel
+	ctx := c.cancel
 	c.wmu.Unlock()
-	if cancel != nil {
-		cancel()
+	if ctx != nil {
+		ctx.cancel()
 	}
 }
 
@@ -467,13 +467,13 @@ func (c *h1Conn) serveRequest() bool {
 		c.body.deadline = true
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := newReqCtx()
 	// WithContext inlines here, so its copy stays off the heap.
 	c.req = *r.WithContext(ctx)
 	r = &c.req
 
 	c.wmu.Lock()
-	c.cancel = cancel
+	c.cancel = ctx
 	c.bodyDone = c.body.mode == framingNone
 	c.watchWanted = false
 	c.gone = false
@@ -491,7 +491,7 @@ func (c *h1Conn) serveRequest() bool {
 	panicked := c.runHandler(w, r)
 	c.inBody.Store(false)
 	gone := c.endWatch()
-	cancel()
+	ctx.cancel()
 	if panicked || gone {
 		return false
 	}
@@ -601,7 +601,7 @@ func (c *h1Conn) startWatchLocked() {
 // the connection while it runs: the body was read, and endWatch stops it
 // before the next request is read. Bytes it reads stay in c.br for that
 // request.
-func (c *h1Conn) watch(cancel context.CancelFunc, done chan struct{}) {
+func (c *h1Conn) watch(ctx *reqCtx, done chan struct{}) {
 	defer close(done)
 	// The head's deadline may still be set (serveRequest leaves it when
 	// the body was buffered). It is cleared before stopWatch is read:
@@ -618,7 +618,7 @@ func (c *h1Conn) watch(cancel context.CancelFunc, done chan struct{}) {
 	c.wmu.Lock()
 	c.gone = true
 	c.wmu.Unlock()
-	cancel()
+	ctx.cancel()
 }
 
 // endWatch stops watching at the end of a request and reports whether the

@@ -192,7 +192,14 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	}
 	// The request context ending (the client went away) closes the
 	// connection, which ends any read or write on it.
-	stop := context.AfterFunc(ctx, func() { uc.nc.Close() })
+	var stop func() bool
+	if a, ok := ctx.(afterFuncer); ok {
+		// The h1Server's request context: no child context, no
+		// children map, no Done channel.
+		stop = a.AfterFunc(func() { uc.nc.Close() })
+	} else {
+		stop = context.AfterFunc(ctx, func() { uc.nc.Close() })
+	}
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		uc.nc.Close()
