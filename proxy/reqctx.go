@@ -22,7 +22,7 @@ type reqCtx struct {
 	mu    sync.Mutex
 	done  chan struct{} // made on demand; closed by cancel
 	err   error
-	after []*afterFn // registered, not stopped
+	after []*afterFn  // registered, not stopped
 	buf   [1]*afterFn // after's first backing array
 }
 
