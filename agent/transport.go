@@ -50,15 +50,17 @@ func (l *lateRemote) RoundTrip(r *http.Request) (*http.Response, error) {
 // left (no longer a member, so it cannot be asked) keeps the requests it
 // drains too: they end with its connection, which is kept for as long as
 // its key is trusted. One that holds every stream it allows us (all our
-// requests, waiting on its instance) could not be asked: that is no sign of
-// silence, and the connection's idle timeout ends it if it falls silent.
+// requests, waiting on its instance) could not be asked, and one that
+// answers our other requests but not the probe in time (short of CPU) is
+// working: neither is a sign of silence, and the connection's idle timeout
+// ends it if it falls silent.
 func (l *lateRemote) progressing(ctx context.Context, node string) error {
 	tr := l.tr.Load()
 	if tr == nil {
 		return errNoTransport
 	}
 	err := tr.ConfirmAlive(ctx, node)
-	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) || errors.Is(err, mesh.ErrPeerBusy) {
+	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) || errors.Is(err, mesh.ErrPeerBusy) || errors.Is(err, mesh.ErrPeerSlow) {
 		return nil
 	}
 	return err

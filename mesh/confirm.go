@@ -84,11 +84,12 @@ func (m *Mesh) confirmGone(c Confirmer, p *peer) {
 			return // back alive in gossip (or replaced): nothing to decide
 		}
 		switch {
-		case errors.Is(err, ErrPeerBusy):
-			// Our own requests hold every stream the peer allows: the
-			// probe was never sent, so nothing was learnt. Ask again
-			// later; a peer that is really gone ends the connection
-			// (idle timeout) and the next probe says so.
+		case errors.Is(err, ErrPeerBusy), errors.Is(err, ErrPeerSlow):
+			// Our own requests hold every stream the peer allows (the
+			// probe was never sent), or the peer answers them but not
+			// the probe in time: nothing was learnt of its death. Ask
+			// again later; a peer that is really gone ends the
+			// connection (idle timeout) and the next probe says so.
 		case err != nil:
 			m.forgetPeer(p, "gossip, then quic: "+err.Error())
 			return
@@ -162,7 +163,13 @@ const probePath = "/.well-known/infermesh/alive"
 // the connection has every request stream the peer allows open (our own
 // requests hold them), so the probe waited for one to end; that is no sign
 // that the peer is silent.
+//
+// A probe that was sent but not answered before ctx ended returns
+// ErrPeerSlow when the peer's answers to our other requests brought data
+// meanwhile: its agent is working (a host short of CPU under thousands of
+// streams answers late), not frozen or cut off, which send nothing.
 func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
+	start := time.Now()
 	var sent atomic.Bool
 	trace := &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, "https://"+node+probePath, nil)
@@ -173,6 +180,9 @@ func (t *Transport) ConfirmAlive(ctx context.Context, node string) error {
 	if err != nil {
 		if ctx.Err() != nil && !sent.Load() && t.connected(node) {
 			return fmt.Errorf("%s: %w", node, ErrPeerBusy)
+		}
+		if ctx.Err() != nil && sent.Load() && t.heardSince(node, start) {
+			return fmt.Errorf("%s: %w", node, ErrPeerSlow)
 		}
 		return err
 	}
@@ -197,6 +207,12 @@ var ErrPeerLeaving = errors.New("peer is leaving the mesh")
 // idle timeout (MaxIdleTimeout) still ends it if the peer stops answering.
 var ErrPeerBusy = errors.New("peer has every stream it allows open; the probe could not be sent")
 
+// ErrPeerSlow is ConfirmAlive's answer when the probe was sent but not
+// answered in time while the peer's answers to our other requests brought
+// data: it is alive and working, only late. The connection's idle timeout
+// still ends it if it falls silent.
+var ErrPeerSlow = errors.New("peer answers other requests but not the probe in time")
+
 // serveProbe answers ConfirmAlive: 204 while this node is in the mesh, 503
 // once it is leaving.
 func (t *Transport) serveProbe(w http.ResponseWriter) {
@@ -214,4 +230,32 @@ func (t *Transport) connected(node string) bool {
 	d := t.dialed[node]
 	t.mu.Unlock()
 	return d != nil && d.conn.Context().Err() == nil
+}
+
+// heardFrom is when a peer's answers to our requests last brought data
+// (response headers or body bytes), in Unix nanoseconds.
+type heardFrom struct{ at atomic.Int64 }
+
+func (h *heardFrom) stamp() { h.at.Store(time.Now().UnixNano()) }
+
+// heardBody stamps its peer's heardFrom whenever a read brings data.
+type heardBody struct {
+	io.ReadCloser
+	h *heardFrom
+}
+
+func (b *heardBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.h.stamp()
+	}
+	return n, err
+}
+
+// heardSince reports whether node's answers brought data at or after t.
+func (t *Transport) heardSince(node string, since time.Time) bool {
+	t.mu.Lock()
+	h := t.heard[node]
+	t.mu.Unlock()
+	return h != nil && h.at.Load() >= since.UnixNano()
 }

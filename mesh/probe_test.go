@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -47,5 +48,65 @@ func TestConfirmAliveAtStreamLimitIsBusyNotSilent(t *testing.T) {
 	}
 	if err := a.tr.ConfirmAlive(ctx, "b"); err != nil {
 		t.Fatalf("ConfirmAlive once the stream is free = %v, want nil", err)
+	}
+}
+
+// A peer that answers our other requests but not the probe in time (its
+// agent short of CPU under thousands of streams) is slow, not silent:
+// ConfirmAlive says ErrPeerSlow while its stream brings data during the
+// probe, and a plain timeout once nothing does. The probe's answer is held
+// back through the Leaving callback, which the probe handler calls.
+func TestConfirmAliveSlowProbeWhileDataFlowsIsSlowNotSilent(t *testing.T) {
+	dir := newStaticDir()
+	holdProbe := make(chan struct{})
+	startNode(t, dir, "b", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, err := w.Write([]byte("data: x\n\n")); err != nil {
+				return
+			}
+			if rc.Flush() != nil {
+				return
+			}
+			select {
+			case <-tick.C:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}), func(c *TransportConfig) {
+		c.Leaving = func() bool { <-holdProbe; return false }
+	})
+	a := startNode(t, dir, "a", nil, nil)
+	defer close(holdProbe)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := post(ctx, a.tr, "b", `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}()
+
+	pctx, pcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = a.tr.ConfirmAlive(pctx, "b")
+	pcancel()
+	if !errors.Is(err, ErrPeerSlow) {
+		t.Fatalf("ConfirmAlive with the probe held and b's stream flowing = %v, want ErrPeerSlow", err)
+	}
+
+	resp.Body.Close()
+	<-read
+	pctx, pcancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	err = a.tr.ConfirmAlive(pctx, "b")
+	pcancel()
+	if err == nil || errors.Is(err, ErrPeerSlow) || errors.Is(err, ErrPeerBusy) {
+		t.Fatalf("ConfirmAlive with the probe held and nothing flowing = %v, want a plain failure", err)
 	}
 }

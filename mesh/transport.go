@@ -63,6 +63,7 @@ type Transport struct {
 
 	mu      sync.Mutex
 	dialed  map[string]*dialedConn   // node -> the connection we dialed
+	heard   map[string]*heardFrom    // node -> when its answers last brought data
 	served  map[*quic.Conn]*verified // connections peers dialed to us
 	ln      *quic.Listener
 	serving bool
@@ -108,6 +109,7 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 		dir:     cfg.Peers,
 		cert:    cert,
 		dialed:  map[string]*dialedConn{},
+		heard:   map[string]*heardFrom{},
 		served:  map[*quic.Conn]*verified{},
 		closing: make(chan struct{}),
 	}
@@ -291,6 +293,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if stale {
 		delete(t.dialed, node)
 	}
+	h := t.heard[node]
+	if h == nil {
+		h = &heardFrom{}
+		t.heard[node] = h
+	}
 	t.mu.Unlock()
 	if stale {
 		// http3 finds the connection closed and dials afresh (pinning the new key).
@@ -303,6 +310,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("peer %q: %w", node, err)
 	}
+	h.stamp()
+	resp.Body = &heardBody{ReadCloser: resp.Body, h: h}
 	return resp, nil
 }
 
