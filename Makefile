@@ -60,7 +60,9 @@ e2e:
 test-short:
 	$(GO) test -count=1 -short ./...
 
-## bench: the proxy against direct connection, nginx and haproxy, side by side
+## bench: the proxy against direct connection, nginx and haproxy, side by side; everything the
+## targets need in one run (about 30-35 minutes, half of it the 1000-node simulation, run last);
+## the report's header lists each phase's duration. BENCH_ARGS=-skip-mesh leaves the mesh out
 bench: build
 	bash bench/run.sh
 

@@ -23,11 +23,27 @@
 # alone (BENCH_INSTR_N requests each) and stops; with BENCH_KEEP=1 their
 # callgrind outputs stay in the work directory (cg-<contender>/) for
 # callgrind_annotate (build bin/ without -s -w to see symbols).
+#
+# The instruction counts also count infermesh_info: the local path with
+# the log at level info, the default (the timed contenders log at warn), its
+# access log written to a file, so the report shows what the access log
+# costs per request. BENCH_INFO=1 also times it (as infermesh-info), so
+# its CPU per request at c=64 shows the log's write system calls too,
+# which callgrind does not count.
+#
+# The report's header gives how long each phase took (the instruction
+# counts, the contenders' start, then the load generator's) and the load
+# average at the start and the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RUN_STARTED=$(date +%s)
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 CONTENDERS=(direct infermesh infermesh_quic nginx nginx_tls haproxy)
 [ -z "${BENCH_COMPARE:-}" ] || CONTENDERS+=(infermesh_before)
+# Counted under callgrind; timed too under BENCH_INFO=1.
+INSTR_EXTRA=(infermesh_info)
+[ "${BENCH_INFO:-0}" != 1 ] || { CONTENDERS+=(infermesh_info) && INSTR_EXTRA=(); }
 
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
@@ -56,6 +72,16 @@ cleanup() {
 trap cleanup EXIT
 log() { echo "$(date +%T)  $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# phase_done <name> <start (date +%s.%N)>: record how long a phase took
+# for the report's header.
+PHASES=()
+phase_done() {
+  local secs
+  secs=$(awk -v a="$2" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  PHASES+=("$(printf '{"name":"%s","seconds":%s}' "$1" "$secs")")
+  log "phase $1 took ${secs}s"
+}
 
 # 4096 streams through a proxy hold 8192 sockets in it.
 ulimit -Hn 65536 2>/dev/null || true
@@ -93,7 +119,7 @@ if [ -n "${BENCH_COMPARE:-}" ] && [ ! -x "$BENCH_COMPARE" ]; then
   BENCH_COMPARE=$WORK/infermeshd-before
 fi
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 32)
+mapfile -t PORTS < <("$LOADGEN" -free-ports 34)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
@@ -130,6 +156,7 @@ start() {
 
 # --- the upstream: the demo model -----------------------------------------
 start demo-fast bin/infermesh-demo -listen "127.0.0.1:$P_FAST" -log-level warn
+PID_FAST=$LAST_PID
 start demo-stream bin/infermesh-demo -listen "127.0.0.1:$P_STREAM" -log-level warn -tokens "$STREAM_TOKENS" -token-delay "$STREAM_DELAY"
 start demo-many bin/infermesh-demo -listen "127.0.0.1:$P_MANY" -log-level warn -tokens "$MANY_TOKENS" -token-delay "$MANY_DELAY"
 PID_MANY=$LAST_PID
@@ -146,23 +173,27 @@ entry() {
   LAST_ADDR=$3 LAST_MODEL=$4 LAST_PIDS=$9
   ENTRIES+=("$(printf '{"name":"%s","desc":"%s","fast":{"addr":"%s","model":"%s"},"stream":{"addr":"%s","model":"%s"},"many":{"addr":"%s","model":"%s"},"pids":[%s]}' "$@")")
 }
+# cpu_pids <pids>: the processes (comma-separated; their descendants too)
+# whose CPU per request the last entry reports at c=64.
+cpu_pids() { ENTRIES[-1]="${ENTRIES[-1]%\}}"',"cpu_pids":['"$1"']}'; }
 # missing <name> <desc> <why>
 missing() { ENTRIES+=("$(printf '{"name":"%s","desc":"%s","missing":"%s"}' "$@")"); }
 
 contender_direct() {
   entry direct "direct to the upstream (the limit)" \
     "127.0.0.1:$P_FAST" demo "127.0.0.1:$P_STREAM" demo "127.0.0.1:$P_MANY" demo "$PID_MANY"
+  cpu_pids "$PID_FAST" # the upstream the c=64 workload loads
 }
 
-# infermesh_at <name> <binary> <three ports>
+# infermesh_at <name> <binary> <three ports> [log level, default warn]
 infermesh_at() {
-  local name=$1 bin=$2 p1=$3 p2=$4 p3=$5 d=$WORK/$1
+  local name=$1 bin=$2 p1=$3 p2=$4 p3=$5 level=${6:-warn} d=$WORK/$1
   mkdir -p "$d/state"
   # Clients ask for the role's name; the instance knows its model as
   # "demo": every request is pinned and every response rewritten back.
   cat >"$d/infermesh.yaml" <<EOF
 node: {name: bench, state_dir: $d/state}
-log: {level: warn}
+log: {level: $level}
 admin: {socket: $d/state/admin.sock}
 roles:
   chat:   {port: $p1, upstream: "http://127.0.0.1:$P_FAST", model: demo}
@@ -175,11 +206,16 @@ EOF
   wait_http "http://127.0.0.1:$p2/v1/models" && wait_http "http://127.0.0.1:$p3/v1/models" || die "infermeshd roles not up"
   wait_http "http://127.0.0.1:$p3/v1/chat/completions" "$(chat_body many)" || die "infermeshd role many not served"
   wait_http "http://127.0.0.1:$p2/v1/chat/completions" "$(chat_body stream)" || die "infermeshd role stream not served"
-  entry "$name" "infermeshd, local path (model pinned and rewritten)" \
+  entry "$name" "infermeshd, local path (model pinned and rewritten), log level $level" \
     "127.0.0.1:$p1" chat "127.0.0.1:$p2" stream "127.0.0.1:$p3" many "$pid"
+  cpu_pids "$pid"
 }
 
 contender_infermesh() { infermesh_at infermesh bin/infermeshd "$(port 3)" "$(port 4)" "$(port 5)"; }
+
+# The local path logging at info, the default: one access-log line per
+# request, JSON to its log file in the work directory (counted only).
+contender_infermesh_info() { infermesh_at infermesh-info bin/infermeshd "$(port 31)" "$(port 32)" "$(port 33)" info; }
 
 contender_infermesh_before() { infermesh_at infermesh-before "$BENCH_COMPARE" "$(port 12)" "$(port 13)" "$(port 14)"; }
 
@@ -240,6 +276,7 @@ EOF
   entry infermesh-quic "infermeshd a -> QUIC (HTTP/3, mTLS) -> infermeshd b -> upstream; RSS is a + b" \
     "127.0.0.1:$(port "${pa[0]}")" chat "127.0.0.1:$(port "${pa[1]}")" stream "127.0.0.1:$(port "${pa[2]}")" many "$pid_a,$pid_b"
   ENTRIES[-1]="${ENTRIES[-1]%\}}"',"pid_names":["a","b"]}'
+  cpu_pids "$pid_a,$pid_b"
   # The UDP buffers in force on a's QUIC socket (quic-go asks for 7 MiB;
   # as root it may exceed net.core.rmem_max), and quic-go's complaint when
   # it could not get them.
@@ -294,6 +331,7 @@ EOF
   [ -z "$single" ] || worker=$master
   entry nginx "nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, keep-alive upstream pool" \
     "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "${worker:-0}"
+  cpu_pids "$master" # and its worker
 }
 
 # The remote hop done with well-known parts, the anchor for infermesh-quic:
@@ -358,10 +396,11 @@ $common"
     done
     echo "}"
   } >"$d/a/nginx.conf"
-  local pids=() side master worker
+  local pids=() masters=() side master worker
   for side in b a; do
     start "nginx-tls-$side" nginx -p "$d/$side" -c "$d/$side/nginx.conf" -e "$d/$side/error.log"
     master=$LAST_PID
+    masters+=("$master")
     if [ "$side" = b ]; then
       for i in $(seq 1 "$WAIT_TRIES"); do
         kill -0 "$master" 2>/dev/null || die "nginx-tls b did not start (see $d/b/error.log)"
@@ -378,6 +417,7 @@ $common"
   entry nginx-tls "nginx a -> TLS 1.3 with client certificates -> nginx b -> upstream; RSS is a + b" \
     "127.0.0.1:$(port "${pa[0]}")" demo "127.0.0.1:$(port "${pa[1]}")" demo "127.0.0.1:$(port "${pa[2]}")" demo "${pids[1]},${pids[0]}"
   ENTRIES[-1]="${ENTRIES[-1]%\}}"',"pid_names":["a","b"]}'
+  cpu_pids "${masters[1]},${masters[0]}"
 }
 
 contender_haproxy() {
@@ -423,6 +463,7 @@ EOF
   wait_http "http://127.0.0.1:$p1/v1/chat/completions" "$(chat_body demo)" || die "haproxy did not start (see $WORK/haproxy.log)"
   entry haproxy "haproxy $(haproxy -v | head -1 | awk '{print $3}'), nbthread 1" \
     "127.0.0.1:$p1" demo "127.0.0.1:$p2" demo "127.0.0.1:$p3" demo "$pid"
+  cpu_pids "$pid"
 }
 
 # --- instructions per request ---------------------------------------------
@@ -433,13 +474,15 @@ EOF
 # doing. Go programs run with GODEBUG=asyncpreemptoff=1 (callgrind aborts
 # on the signals of Go's asynchronous preemption). Then it is stopped; the
 # timed runs below start every contender afresh. The quick mode counts
-# infermesh, nginx and infermesh-before only, over fewer requests.
+# infermesh, infermesh-info, nginx and infermesh-before only, over fewer
+# requests.
 INSTR_N=2000
 [ "$QUICK" = 1 ] && INSTR_N=300
 INSTR_N=${BENCH_INSTR_N:-$INSTR_N}
 INSTR=()
 count_instructions() {
-  local c=$1 first=${#PIDS[@]} pids p total i
+  local c=$1 first=${#PIDS[@]} pids p total i t0
+  t0=$(date +%s.%N)
   mkdir -p "$WORK/cg"
   WRAP=(env GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --trace-children=yes "--callgrind-out-file=$WORK/cg/%p.out")
   WAIT_TRIES=1200
@@ -447,9 +490,13 @@ count_instructions() {
   WRAP=() WAIT_TRIES=100
   IFS=, read -ra pids <<<"$LAST_PIDS"
   "$LOADGEN" -fixed 200 -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: warm-up failed"
+  local name=${ENTRIES[-1]#*\"name\":\"} logged0 logged=0
+  name=${name%%\"*}
+  logged0=$(access_lines "$name")
   for p in "${pids[@]}"; do callgrind_control -z "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -z $p ($c) failed"; done
   "$LOADGEN" -fixed "$INSTR_N" -addr "$LAST_ADDR" -model "$LAST_MODEL" || die "instructions: $c: requests failed"
   for p in "${pids[@]}"; do callgrind_control -d "$p" >/dev/null 2>&1 || die "instructions: callgrind_control -d $p ($c) failed"; done
+  logged=$(($(access_lines "$name") - logged0))
   total=0
   for p in "${pids[@]}"; do
     total=$((total + $(awk '/^totals:/ {s += $2} END {print s + 0}' "$WORK/cg/$p.out".*)))
@@ -458,16 +505,19 @@ count_instructions() {
   for ((i = first; i < ${#PIDS[@]}; i++)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
   PIDS=("${PIDS[@]:0:first}")
   if [ "${BENCH_KEEP:-0}" = 1 ]; then mv "$WORK/cg" "$WORK/cg-$c"; else rm -rf "$WORK/cg"; fi
-  local name=${ENTRIES[-1]#*\"name\":\"}
-  INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d}' "${name%%\"*}" "$INSTR_N" "$total")")
-  log "instructions: ${name%%\"*}: $total for $INSTR_N requests"
+  INSTR+=("$(printf '{"name":"%s","requests":%d,"instructions":%d,"logged":%d}' "$name" "$INSTR_N" "$total" "$logged")")
+  log "instructions: $name: $total for $INSTR_N requests ($logged access-log lines)"
+  phase_done "instructions $name" "$t0"
 }
+# access_lines <contender>: the access-log lines in its log so far (zap's
+# sampler writes the first 100 a second of a message, then 1 in 100).
+access_lines() { grep -c '"logger":"access"' "$WORK/$1.log" 2>/dev/null || true; }
 if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null; then
-  for c in ${BENCH_INSTR_ONLY:-${CONTENDERS[@]}}; do
+  for c in ${BENCH_INSTR_ONLY:-${CONTENDERS[@]} ${INSTR_EXTRA[@]}}; do
     [ "$c" = direct ] && continue
-    # The quick mode counts the local path and nginx only (and the build
-    # compared with, under BENCH_COMPARE).
-    [ "$QUICK" = 1 ] && [ "$c" != infermesh ] && [ "$c" != nginx ] && [ "$c" != infermesh_before ] && continue
+    # The quick mode counts the local path (at warn and at info) and nginx
+    # only (and the build compared with, under BENCH_COMPARE).
+    [ "$QUICK" = 1 ] && [[ " infermesh infermesh_info nginx infermesh_before " != *" $c "* ]] && continue
     log "counting instructions: $c (callgrind, $INSTR_N requests)"
     count_instructions "$c"
   done
@@ -481,10 +531,12 @@ ENTRIES=()
 ) >"$WORK/instructions.json"
 [ -z "${BENCH_INSTR_ONLY:-}" ] || exit 0
 
+T0=$(date +%s.%N)
 for c in "${CONTENDERS[@]}"; do
   log "starting contender $c"
   "contender_$c"
 done
+phase_done "contenders started" "$T0"
 (
   IFS=,
   echo "[${ENTRIES[*]}]"
@@ -494,9 +546,14 @@ META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s","udp qui
   "$(nginx -v 2>&1 | sed 's|.*/||')" "$(haproxy -v | head -1 | awk '{print $3}')" \
   "$(git describe --always --dirty 2>/dev/null || echo unknown)" "$(uname -r)" "${QUIC_SOCKET:-not run}")
 
+(
+  IFS=,
+  printf '{"started":%d,"loadavg_start":"%s","phases":[%s]}\n' "$RUN_STARTED" "$LOAD_START" "${PHASES[*]}"
+) >"$WORK/harness.json"
+
 log "running the load generator"
 # shellcheck disable=SC2086
-"$LOADGEN" -contenders "$WORK/contenders.json" -instructions "$WORK/instructions.json" -out bench/results $LOADGEN_MODE -meta "$META" \
+"$LOADGEN" -contenders "$WORK/contenders.json" -instructions "$WORK/instructions.json" -harness "$WORK/harness.json" -out bench/results $LOADGEN_MODE -meta "$META" \
   -stream-tokens "$STREAM_TOKENS" -stream-delay "$STREAM_DELAY" \
   -many-tokens "$MANY_TOKENS" -many-delay "$MANY_DELAY" ${BENCH_ARGS:-}
 

@@ -18,6 +18,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -58,6 +60,11 @@ type Contender struct {
 	PIDNames []string `json:"pid_names,omitempty"`
 	// PID is one more such process (the harness's older form).
 	PID int `json:"pid,omitempty"`
+	// CPUPIDs are the processes whose CPU (user + system, with their
+	// descendants: nginx's master and its workers) is counted over each
+	// c=64 repetition and divided by the requests it completed. The
+	// direct contender's are the upstream's, which every row also reports.
+	CPUPIDs []int `json:"cpu_pids,omitempty"`
 }
 
 // quicName is the remote-path contender: app -> agent a -> QUIC -> agent b
@@ -120,6 +127,7 @@ func run(ctx context.Context, args []string) error {
 	quick := fs.Bool("quick", false, "the quick mode (under a minute; keeps the harness working)")
 	instrPath := fs.String("instructions", "", "JSON file of instruction counts per contender (written by bench/run.sh) for the report")
 	meta := fs.String("meta", "", "JSON object of extra facts for the report header (versions, ...)")
+	harnessPath := fs.String("harness", "", "JSON file from bench/run.sh: its start time, the load average then, and its phases")
 	var p Params
 	fs.IntVar(&p.StreamTokens, "stream-tokens", 64, "deltas per stream of the streaming workload (the upstream's -tokens)")
 	fs.DurationVar(&p.StreamDelay, "stream-delay", 20*time.Millisecond, "delay between deltas of the streaming workload (the upstream's -token-delay)")
@@ -144,13 +152,9 @@ func run(ctx context.Context, args []string) error {
 	if *contendersPath == "" {
 		return errors.New("-contenders is required")
 	}
-	raw, err := os.ReadFile(*contendersPath)
-	if err != nil {
-		return err
-	}
 	var cs []Contender
-	if err := json.Unmarshal(raw, &cs); err != nil {
-		return fmt.Errorf("%s: %w", *contendersPath, err)
+	if err := readJSON(*contendersPath, &cs); err != nil {
+		return err
 	}
 	if len(cs) == 0 || cs[0].Name != "direct" || cs[0].Missing != "" {
 		return errors.New("the first contender must be the measured direct path")
@@ -201,16 +205,17 @@ func run(ctx context.Context, args []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rep := b.report(extra)
-	if *instrPath != "" {
-		raw, err := os.ReadFile(*instrPath)
-		if err != nil {
+	var h Harness
+	var instr []instrCount
+	for path, v := range map[string]any{*harnessPath: &h, *instrPath: &instr} {
+		if path == "" {
+			continue
+		}
+		if err := readJSON(path, v); err != nil {
 			return err
 		}
-		if err := json.Unmarshal(raw, &rep.Instructions); err != nil {
-			return fmt.Errorf("%s: %w", *instrPath, err)
-		}
 	}
+	rep := b.report(extra, h, instr)
 	md := rep.Markdown()
 	fmt.Print(md)
 
@@ -259,22 +264,95 @@ func run(ctx context.Context, args []string) error {
 	return nil
 }
 
-// printFreePorts prints n distinct loopback ports that were free a moment
-// ago, one a line.
-func printFreePorts(n int) error {
-	lns := make([]net.Listener, 0, n)
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		lns = append(lns, ln)
-		fmt.Println(ln.Addr().(*net.TCPAddr).Port)
+// readJSON decodes the JSON file at path into v.
+func readJSON(path string, v any) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
+}
+
+// printFreePorts prints n distinct loopback ports that were free a moment
+// ago for TCP and UDP on 127.0.0.1 and 127.0.0.2, one a line. They are
+// taken below the kernel's ephemeral range when it leaves room, so that
+// the outgoing connections of other work on the host cannot take one
+// between now and the contender's bind (seen: nginx "Address already in
+// use" on a shared host).
+func printFreePorts(n int) error {
+	var held []io.Closer
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	lo, hi := 20000, ephemeralLow()-1
+	if hi-lo < 4*n {
+		lo, hi = 0, 0 // no room below: let the kernel choose
+	}
+	var got []int
+	for tries := 0; len(got) < n; tries++ {
+		if tries > 100*n {
+			return fmt.Errorf("found only %d free ports of %d", len(got), n)
+		}
+		port := 0
+		if hi > 0 {
+			port = lo + rand.IntN(hi-lo+1)
+		}
+		cs, p, err := holdPort(port)
+		if err != nil {
+			if hi == 0 {
+				return err
+			}
+			continue
+		}
+		held = append(held, cs...)
+		got = append(got, p)
+	}
+	for _, p := range got {
+		fmt.Println(p)
+	}
+	return nil
+}
+
+// holdPort binds port (0: one the kernel picks) for TCP on 127.0.0.1 and
+// UDP on 127.0.0.1 and 127.0.0.2 and returns what holds it.
+func holdPort(port int) ([]io.Closer, int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return nil, 0, err
+	}
+	held := []io.Closer{ln}
+	port = ln.Addr().(*net.TCPAddr).Port
+	for _, host := range []string{"127.0.0.1", "127.0.0.2"} {
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			for _, c := range held {
+				c.Close()
+			}
+			return nil, 0, err
+		}
+		held = append(held, pc)
+	}
+	return held, port, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	v, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return v
 }

@@ -74,6 +74,8 @@ type contRes struct {
 	Lat     []latRep
 	LatRPS  []float64
 	Thr     []float64
+	CPU     []float64 // µs of the contender's CPU per request, per c=64 repetition
+	UpCPU   []float64 // µs of the upstream's CPU per request, likewise
 	TTFT    []latRep
 	Gap     []latRep // inter-delta gap minus the pacing delay
 	Many    []manyRes
@@ -82,15 +84,26 @@ type contRes struct {
 }
 
 type bench struct {
-	cs      []Contender
-	p       Params
-	res     []*contRes
-	mu      sync.Mutex // guards res[*].Errors and ErrList
-	started time.Time
-	mesh    []meshRes
-	sim     []simRes
-	h3      []latRep // the bare HTTP/3 exchange at c=1, per repetition
-	h3Err   string   // why h3 is missing or cut short ("" when measured or not wanted)
+	cs        []Contender
+	p         Params
+	res       []*contRes
+	mu        sync.Mutex // guards res[*].Errors and ErrList
+	started   time.Time
+	mesh      []meshRes
+	sim       []simRes
+	h3        []latRep // the bare HTTP/3 exchange at c=1, per repetition
+	h3Err     string   // why h3 is missing or cut short ("" when measured or not wanted)
+	cpuOnce   sync.Once
+	phases    []Phase // how long each part of the run took, in order
+	loadStart string  // the load average when the load generator started
+}
+
+// phase records that the part of the run called name, begun at start, is
+// over, and logs how long it took.
+func (b *bench) phase(name string, start time.Time) {
+	d := time.Since(start)
+	b.phases = append(b.phases, Phase{Name: name, Seconds: d.Seconds()})
+	logf("phase %s took %v", name, d.Round(time.Second))
 }
 
 // simRes is one in-memory mesh simulation (mesh/meshsim).
@@ -123,7 +136,7 @@ type meshRes struct {
 }
 
 func newBench(cs []Contender, p Params) *bench {
-	b := &bench{cs: cs, p: p, started: time.Now()}
+	b := &bench{cs: cs, p: p, started: time.Now(), loadStart: loadAvg()}
 	for range cs {
 		b.res = append(b.res, &contRes{})
 	}
@@ -216,11 +229,14 @@ func (b *bench) checkOne(ctx context.Context, c Contender) error {
 func (b *bench) runAll(ctx context.Context) {
 	live := b.live()
 	logf("warm-up: %v per contender", b.p.Warmup)
+	t := time.Now()
 	for _, ci := range live {
 		b.throughputRep(ctx, ci, b.p.Warmup, false)
 		b.latencyRep(ctx, ci, b.p.Warmup/2, false)
 	}
 	h3 := b.startH3(ctx)
+	b.phase("warm-up", t)
+	t = time.Now()
 	logf("c=1 latency and c=%d throughput: %d interleaved repetitions", b.p.Conc, b.p.Reps)
 	for rep := 0; rep < b.p.Reps && ctx.Err() == nil; rep++ {
 		for _, ci := range live {
@@ -240,13 +256,17 @@ func (b *bench) runAll(ctx context.Context) {
 	if h3 != nil {
 		h3.Close()
 	}
+	b.phase(fmt.Sprintf("c=1 and c=%d", b.p.Conc), t)
+	t = time.Now()
 	logf("streaming: %d interleaved repetitions of %d concurrent streams, %d deltas %v apart", b.p.StreamReps, b.p.StreamConc, b.p.StreamTokens, b.p.StreamDelay)
 	for rep := 0; rep < b.p.StreamReps && ctx.Err() == nil; rep++ {
 		for _, ci := range live {
 			b.streamRep(ctx, ci, b.p.StreamDur)
 		}
 	}
+	b.phase("streaming", t)
 	for _, n := range b.p.ManyLevels {
+		t = time.Now()
 		for _, ci := range live {
 			if ctx.Err() != nil {
 				return
@@ -256,12 +276,14 @@ func (b *bench) runAll(ctx context.Context) {
 			b.res[ci].Many = append(b.res[ci].Many, r)
 			logf("  completed %d/%d, peak open %d, slow starts %d, stalled frames %d, dropped frames %d, rss %d -> %d KiB", r.Completed, r.Streams, r.PeakOpen, r.SlowStarts, r.StalledFrames, r.DroppedFrames, r.RSSBeforeKiB, r.RSSPeakKiB)
 		}
+		b.phase(fmt.Sprintf("%d streams", n), t)
 	}
 	for _, n := range b.p.MeshNodes {
 		if ctx.Err() != nil {
 			return
 		}
 		logf("mesh: advert convergence, %d in-process nodes", n)
+		t = time.Now()
 		mctx, cancel := context.WithTimeout(ctx, b.p.MeshTimeout)
 		r, err := meshbench.Measure(mctx, n, meshProfile)
 		cancel()
@@ -280,14 +302,17 @@ func (b *bench) runAll(ctx context.Context) {
 		}
 		logf("  %+v", mr)
 		b.mesh = append(b.mesh, mr)
+		b.phase(fmt.Sprintf("mesh N=%d", n), t)
 	}
 	for _, n := range b.p.SimNodes {
 		if ctx.Err() != nil {
 			return
 		}
 		logf("mesh simulation: %d nodes over an in-memory network (%v latency, time x%g)", n, simLatency, meshsim.TimeScaleFor(n))
+		t = time.Now()
 		b.sim = append(b.sim, runSim(ctx, n, b.p.SimTimeout))
 		logf("  %+v", b.sim[len(b.sim)-1])
+		b.phase(fmt.Sprintf("sim N=%d", n), t)
 	}
 }
 
@@ -422,6 +447,7 @@ func (b *bench) throughputRep(ctx context.Context, ci int, dur time.Duration, re
 	}
 	var total atomic.Int64
 	var wg sync.WaitGroup
+	cpu := b.cpuMeter(ci, record)
 	start := time.Now()
 	deadline := start.Add(dur)
 	for _, cn := range conns {
@@ -440,7 +466,38 @@ func (b *bench) throughputRep(ctx context.Context, ci int, dur time.Duration, re
 	}
 	wg.Wait()
 	if record {
-		b.res[ci].Thr = append(b.res[ci].Thr, float64(total.Load())/time.Since(start).Seconds())
+		r := b.res[ci]
+		r.Thr = append(r.Thr, float64(total.Load())/time.Since(start).Seconds())
+		if own, up, ok := cpu(total.Load()); ok {
+			r.CPU, r.UpCPU = append(r.CPU, own), append(r.UpCPU, up)
+		}
+	}
+}
+
+// cpuMeter reads the CPU the contender's processes (Contender.CPUPIDs)
+// and the upstream's (the direct contender's) have used, and returns a
+// function that, given the requests completed since, returns the µs of
+// each per request. ok is false when either was not read (no pids, a
+// process gone, not recording).
+func (b *bench) cpuMeter(ci int, record bool) func(requests int64) (own, up float64, ok bool) {
+	none := func(int64) (float64, float64, bool) { return 0, 0, false }
+	own, upPIDs := b.cs[ci].CPUPIDs, b.cs[0].CPUPIDs
+	if !record || len(own) == 0 || len(upPIDs) == 0 {
+		return none
+	}
+	own0, err1 := treeCPU(own)
+	up0, err2 := treeCPU(upPIDs)
+	if err := errors.Join(err1, err2); err != nil {
+		b.cpuOnce.Do(func() { logf("CPU per request not measured: %v", err) })
+		return none
+	}
+	return func(n int64) (float64, float64, bool) {
+		own1, err1 := treeCPU(own)
+		up1, err2 := treeCPU(upPIDs)
+		if errors.Join(err1, err2) != nil || n == 0 {
+			return 0, 0, false
+		}
+		return us(own1-own0) / float64(n), us(up1-up0) / float64(n), true
 	}
 }
 

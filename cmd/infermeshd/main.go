@@ -265,7 +265,12 @@ func newLogger(c agent.LogConfig, tty bool) (*zap.Logger, error) {
 		zc.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
 	}
 	zc.DisableStacktrace = true
-	return zc.Build()
+	s := zc.Sampling
+	if s == nil {
+		return zc.Build()
+	}
+	zc.Sampling = nil
+	return zc.Build(zap.WrapCore(samplingExceptAccess(*s)))
 }
 
 // isTerminal reports whether f is a terminal.

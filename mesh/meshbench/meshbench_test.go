@@ -59,7 +59,10 @@ func BenchmarkAdvertConvergence(b *testing.B) {
 					r, err := Measure(ctx, n, profile.tune)
 					cancel()
 					if err != nil {
-						b.Fatal(err)
+						// The phases before the failed one, with their
+						// times: an advert that "did not arrive" after a
+						// slow formation had only what was left of ctx.
+						b.Fatalf("%v; so far: %v", err, r)
 					}
 					b.Log(r)
 					advert += r.Advert
