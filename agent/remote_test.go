@@ -50,6 +50,7 @@ type testUpstream struct {
 	models    []string // the model field of every request body
 	ids       []string // the X-Request-Id of every request
 	auths     []string // the Authorization of every request
+	agents    []string // the User-Agent of every request ("" for none)
 	// key, when set, is the API key the instance requires (as vLLM's
 	// --api-key): any other Authorization gets 401.
 	key  atomic.Pointer[string]
@@ -81,6 +82,7 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			u.models = append(u.models, m.Model)
 			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
 			u.auths = append(u.auths, r.Header.Get("Authorization"))
+			u.agents = append(u.agents, strings.Join(r.Header.Values("User-Agent"), ","))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			if k := u.key.Load(); k != nil && r.Header.Get("Authorization") != "Bearer "+*k {
@@ -101,6 +103,12 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 	u.stop = func() { _ = hs.Close(); <-done }
 	t.Cleanup(u.stop)
 	return u
+}
+
+func (u *testUpstream) seenAgents() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.agents)
 }
 
 func (u *testUpstream) seenModels() []string {
@@ -876,5 +884,38 @@ func TestSharedPortAcrossTheMesh(t *testing.T) {
 		if r.Model != model || up.requests.Load() != before+1 {
 			t.Errorf("model %s: answered as %q, its instance served %d new requests; want it routed there", model, r.Model, up.requests.Load()-before)
 		}
+	}
+}
+
+// The instance behind a remote role sees the app's User-Agent, and none
+// when the app sent none, as behind a local role: the hop adds none of
+// its own (quic-go's HTTP/3 client would add "quic-go HTTP/3").
+func TestRemoteHopForwardsTheAppsUserAgentOnly(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	ub := startUpstream(t, "model-b", 0)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	client := &http.Client{Timeout: 10 * time.Second}
+	for _, ua := range []string{"", "app/1.0"} {
+		req, err := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
+			strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header["User-Agent"] = []string{ua} // "": net/http sends none
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("User-Agent %q: status %d", ua, resp.StatusCode)
+		}
+	}
+	if got, want := ub.seenAgents(), []string{"", "app/1.0"}; !slices.Equal(got, want) {
+		t.Errorf("b's instance saw User-Agents %q, want %q", got, want)
 	}
 }

@@ -435,6 +435,12 @@ func PeerFromRequest(r *http.Request) (string, bool) {
 // the handshake; the re-check loop closes such connections, this closes the
 // window) and hands the request to the Handler.
 func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
+	// http3 runs every request on a new goroutine with the smallest stack;
+	// the proxy's handler then grows it step by step, each step copying a
+	// deeper stack. Growing it here, while it is shallow, is one cheap
+	// copy: about 16k instructions less per request on the serving agent,
+	// and the stack ends no bigger (it reaches 8 KiB anyway).
+	growStack(0)
 	v, ok := r.Context().Value(peerCtxKey{}).(*verified)
 	if !ok {
 		w.Header().Set(RefusedHeader, "unknown_peer")
@@ -460,6 +466,17 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t.cfg.Handler.ServeHTTP(w, r)
+}
+
+// growStack grows the calling goroutine's stack from the 2 KiB a
+// goroutine starts with to 8 KiB in one step: its frame of 4 KiB does not
+// fit in 4 KiB. i is 0; it keeps the frame from being optimized away.
+//
+//go:noinline
+func growStack(i int) byte {
+	var b [4 << 10]byte
+	b[i] = 1
+	return b[len(b)-1-i]
 }
 
 // stillValid reports whether node is still trusted with key. Gossip

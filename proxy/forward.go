@@ -353,6 +353,11 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 	u := &url.URL{Scheme: "https", Host: c.Node, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
 	req := p.outRequest(r, u, out, true)
 	req.Header[RoleHeader] = []string{role}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		// An empty value sends none: the HTTP/3 client would add its own,
+		// and the peer's instance would see it for the app's.
+		req.Header["User-Agent"] = []string{""}
+	}
 	return p.cfg.Remote.RoundTrip(req)
 }
 
@@ -447,7 +452,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	if m != nil {
 		o.FirstEvent = m.first
 		if err == nil {
-			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(m.tail)
+			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(m.Tail())
 		}
 	}
 	if err != nil {
@@ -493,9 +498,13 @@ func readAllLimit(b []byte, r io.Reader, hint int64, limit int64) ([]byte, error
 	}
 }
 
+// Copy buffers. Every open stream holds a stream buffer (and, rewritten,
+// an SSE line reader too) on each agent it passes, so they are 2 KiB:
+// more than an SSE event of a chat completion, and a relay of a remote
+// stream holds them on both agents.
 var (
 	copyBufPool   = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-	streamBufPool = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+	streamBufPool = sync.Pool{New: func() any { b := make([]byte, 2<<10); return &b }}
 )
 
 // copyFlush copies src to w, flushing whenever src has nothing more ready.
@@ -537,7 +546,7 @@ func copyFlush(w io.Writer, rc *http.ResponseController, src io.Reader, flushEac
 // sseReaderPool holds the line readers of SSE relays. They are small
 // because an open stream holds one; a longer line is gathered into a
 // separate buffer (up to maxSSELine) so it is still rewritten whole.
-var sseReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+var sseReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 2<<10) }}
 
 // maxSSELine bounds the line an SSE relay gathers to rewrite. A longer
 // line cannot be rewritten within the bound, and passing it through would

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // readRequest reads and parses the next request head into c.req and sets
@@ -53,7 +54,10 @@ func (c *h1Conn) readHead() (string, *httpError) {
 			return s, nil
 		}
 	}
-	// Slow path: gather lines.
+	// Slow path: gather lines. The rest of the head has the header
+	// timeout (its first byte arrived).
+	c.idleUntil = time.Time{}
+	_ = c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.ReadHeaderTimeout))
 	head := c.head[:0]
 	defer func() {
 		if cap(head) <= 8<<10 {
@@ -560,6 +564,19 @@ type h1Body struct {
 	closed         bool
 	expectContinue bool
 	continueSent   bool
+	deadline       bool // serveRequest set the body's read deadline
+}
+
+// buffered reports whether reading the body cannot wait on the
+// connection: there is none, or all of it is in the read buffer.
+func (b *h1Body) buffered() bool {
+	switch b.mode {
+	case framingNone:
+		return true
+	case framingLength:
+		return b.remain <= int64(b.c.br.Buffered())
+	}
+	return false
 }
 
 func (b *h1Body) reset() {

@@ -358,13 +358,18 @@ type h1Conn struct {
 	resp    h1Response
 	scratch []byte // response heads and chunk sizes
 
+	// idleUntil is the read deadline serve last set for the wait between
+	// requests; zero when another deadline may have replaced it since.
+	// Owned by the serve goroutine.
+	idleUntil time.Time
+
 	// Disconnect watching, under wmu.
 	wmu         sync.Mutex
-	cancel      context.CancelFunc // the current request's; nil between requests
-	bodyDone    bool               // the request body was read to its end
-	watchWanted bool               // watchDelay passed before bodyDone
-	watchDone   chan struct{}      // non-nil while a watcher runs
-	gone        bool               // the watcher saw the client go away
+	cancel      *reqCtx       // the current request's context; nil between requests
+	bodyDone    bool          // the request body was read to its end
+	watchWanted bool          // watchDelay passed before bodyDone
+	watchDone   chan struct{} // non-nil while a watcher runs
+	gone        bool          // the watcher saw the client go away
 	stopWatch   atomic.Bool
 	timer       *time.Timer
 }
@@ -374,7 +379,7 @@ func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
 		s:          s,
 		nc:         nc,
 		br:         bufio.NewReaderSize(nc, connReadBufSize),
-		bw:         bufio.NewWriterSize(deadlineConn{nc, s.cfg.WriteTimeout, &s.stopping}, connWriteBufSize),
+		bw:         bufio.NewWriterSize(&deadlineConn{Conn: nc, d: s.cfg.WriteTimeout, stop: &s.stopping}, connWriteBufSize),
 		remoteAddr: nc.RemoteAddr().String(),
 		hdr:        make(http.Header, 16),
 		vals:       make([]string, 0, 16),
@@ -393,10 +398,10 @@ func newH1Conn(s *h1Server, nc net.Conn) *h1Conn {
 func (c *h1Conn) abort() {
 	c.nc.Close()
 	c.wmu.Lock()
-	cancel := c.cancel
+	ctx := c.cancel
 	c.wmu.Unlock()
-	if cancel != nil {
-		cancel()
+	if ctx != nil {
+		ctx.cancel()
 	}
 }
 
@@ -417,7 +422,7 @@ func (c *h1Conn) serve() {
 	}()
 	for {
 		if c.br.Buffered() == 0 {
-			_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+			c.idleDeadline()
 			if _, err := c.br.Peek(1); err != nil {
 				return
 			}
@@ -426,7 +431,6 @@ func (c *h1Conn) serve() {
 			return // Shutdown closed it while idle
 		}
 		c.inHead.Store(true)
-		_ = c.nc.SetReadDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
 		if !c.serveRequest() {
 			return
 		}
@@ -451,21 +455,25 @@ func (c *h1Conn) serveRequest() bool {
 		}
 		return false
 	}
-	if c.body.mode == framingNone {
-		_ = c.nc.SetReadDeadline(time.Time{})
-	} else {
+	// The deadline left from the head (idle or header) stays when reading
+	// the body cannot wait on the connection: no body, or all of it
+	// buffered. Nothing reads the connection before the next request
+	// then, but the disconnect watcher, which clears it first.
+	if !c.body.buffered() {
 		// The body has its own bound; bodyFinished clears it.
+		c.idleUntil = time.Time{}
 		_ = c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.BodyTimeout))
 		c.inBody.Store(true)
+		c.body.deadline = true
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := newReqCtx()
 	// WithContext inlines here, so its copy stays off the heap.
 	c.req = *r.WithContext(ctx)
 	r = &c.req
 
 	c.wmu.Lock()
-	c.cancel = cancel
+	c.cancel = ctx
 	c.bodyDone = c.body.mode == framingNone
 	c.watchWanted = false
 	c.gone = false
@@ -483,7 +491,7 @@ func (c *h1Conn) serveRequest() bool {
 	panicked := c.runHandler(w, r)
 	c.inBody.Store(false)
 	gone := c.endWatch()
-	cancel()
+	ctx.cancel()
 	if panicked || gone {
 		return false
 	}
@@ -497,6 +505,7 @@ func (c *h1Conn) serveRequest() bool {
 			c.lingerClose()
 			return false
 		}
+		c.idleUntil = time.Time{}
 		_ = c.nc.SetReadDeadline(time.Now().Add(min(c.s.cfg.BodyTimeout, lingerTimeout)))
 		if !c.body.drain() {
 			c.lingerClose()
@@ -571,7 +580,9 @@ func (c *h1Conn) watchSoon() {
 // the last thing the body reader does with the connection's reader.
 func (c *h1Conn) bodyFinished() {
 	c.inBody.Store(false)
-	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.body.deadline {
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.bodyDone = true
@@ -590,15 +601,24 @@ func (c *h1Conn) startWatchLocked() {
 // the connection while it runs: the body was read, and endWatch stops it
 // before the next request is read. Bytes it reads stay in c.br for that
 // request.
-func (c *h1Conn) watch(cancel context.CancelFunc, done chan struct{}) {
+func (c *h1Conn) watch(ctx *reqCtx, done chan struct{}) {
 	defer close(done)
+	// The head's deadline may still be set (serveRequest leaves it when
+	// the body was buffered). It is cleared before stopWatch is read:
+	// endWatch stores stopWatch before it sets a past deadline, so either
+	// this sees stopWatch, or the past deadline lands after the clear
+	// and interrupts the read.
+	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.stopWatch.Load() {
+		return
+	}
 	if _, err := c.br.Peek(1); err == nil || c.stopWatch.Load() {
 		return // pipelined bytes (the client is there), or stopped
 	}
 	c.wmu.Lock()
 	c.gone = true
 	c.wmu.Unlock()
-	cancel()
+	ctx.cancel()
 }
 
 // endWatch stops watching at the end of a request and reports whether the
@@ -618,6 +638,7 @@ func (c *h1Conn) endWatch() (gone bool) {
 		_ = c.nc.SetReadDeadline(aLongTimeAgo)
 		<-done
 		_ = c.nc.SetReadDeadline(time.Time{})
+		c.idleUntil = time.Time{}
 	}
 	c.wmu.Lock()
 	c.watchDone = nil
@@ -627,6 +648,21 @@ func (c *h1Conn) endWatch() (gone bool) {
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
+
+// idleDeadline bounds the wait for the next request by the idle timeout.
+// A deadline serve set for an earlier wait that still has most of the
+// timeout to run is kept (nothing has replaced it since): the idle bound
+// is then between 7/8 and all of IdleTimeout, and a busy connection
+// moves its timer once every IdleTimeout/8 instead of once per request.
+func (c *h1Conn) idleDeadline() {
+	d := c.s.cfg.IdleTimeout
+	now := time.Now()
+	if !c.idleUntil.IsZero() && c.idleUntil.Sub(now) >= d-d/8 {
+		return
+	}
+	c.idleUntil = now.Add(d)
+	_ = c.nc.SetReadDeadline(c.idleUntil)
+}
 
 // httpError is a request the server answers itself.
 type httpError struct {

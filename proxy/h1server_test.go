@@ -709,3 +709,84 @@ func TestH1ConcurrentClients(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestH1DeadlinesKeptOnBusyConnections: the server keeps a read or write
+// deadline an earlier request set while most of its timeout is left
+// (instead of moving it per request); a connection busy for several
+// timeouts must still be served throughout, and a request that outlives
+// the deadline its head left behind must not be taken for a disconnect.
+func TestH1DeadlinesKeptOnBusyConnections(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	t.Run("idle deadline moves on", func(t *testing.T) {
+		e := newH1Env(t, h1Config{ReadHeaderTimeout: timeout / 2, IdleTimeout: timeout}, echo)
+		c, br := e.dial()
+		n := 0
+		for start := time.Now(); time.Since(start) < 4*timeout; n++ {
+			io.WriteString(c, "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}")
+			if got := readRaw(t, br, "POST"); got.status != 200 {
+				t.Fatalf("request %d: status %d", n, got.status)
+			}
+		}
+	})
+	t.Run("write deadline moves on", func(t *testing.T) {
+		const chunks = 40 // a tenth of the timeout apart: four timeouts
+		e := newH1Env(t, h1Config{WriteTimeout: timeout}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for range chunks {
+				io.WriteString(w, "x")
+				w.(http.Flusher).Flush()
+				select {
+				case <-time.After(timeout / 10):
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}))
+		c, br := e.dial()
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+		if got := readRaw(t, br, "GET"); got.status != 200 || got.body != strings.Repeat("x", chunks) {
+			t.Fatalf("got %d %q, want %d bytes", got.status, got.body, chunks)
+		}
+	})
+	for _, split := range []bool{false, true} {
+		t.Run(fmt.Sprintf("slow request, head split=%v", split), func(t *testing.T) {
+			e := newH1Env(t, h1Config{ReadHeaderTimeout: timeout / 2, IdleTimeout: timeout, WatchDelay: time.Millisecond},
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					io.ReadAll(r.Body)
+					select {
+					case <-time.After(3 * timeout): // past the idle and header deadlines
+						io.WriteString(w, "done")
+					case <-r.Context().Done():
+						http.Error(w, "canceled", 499)
+					}
+				}))
+			c, br := e.dial()
+			head := "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+			if split {
+				// The second part arrives after the server read the first: the
+				// head is read line by line, under the header timeout.
+				io.WriteString(c, head[:10])
+				for e.activeConns() == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				head = head[10:]
+			}
+			io.WriteString(c, head)
+			if got := readRaw(t, br, "POST"); got.status != 200 || got.body != "done" {
+				t.Fatalf("got %d %q, want 200 done", got.status, got.body)
+			}
+		})
+	}
+}
+
+// activeConns counts the connections reading or serving a request.
+func (e *h1Env) activeConns() int {
+	e.srv.mu.Lock()
+	defer e.srv.mu.Unlock()
+	n := 0
+	for c := range e.srv.conns {
+		if c.state.Load() == connActive {
+			n++
+		}
+	}
+	return n
+}

@@ -70,23 +70,42 @@ const shutdownGrace = 2 * time.Second
 // reading fails the write after d instead of holding its stream (and the
 // instance's slot) forever. Caddy wraps its conns the same way. Once
 // stop is set (Shutdown began) the deadline is at most shutdownGrace.
+//
+// A deadline set by an earlier write that still has 7/8 of d to run is
+// kept: a stalled write fails after 7/8 of d to d, and a busy connection
+// moves its timer once every d/8 rather than once per write (moving it
+// takes the poller's and the timer heap's locks).
 type deadlineConn struct {
 	net.Conn
-	d    time.Duration
-	stop *atomic.Bool
+	d     time.Duration
+	stop  *atomic.Bool
+	until atomic.Int64 // the deadline set last, as monoSince; 0: none or unknown
 }
 
-func (c deadlineConn) Write(p []byte) (int, error) {
+// monoBase is the reference of monoSince.
+var monoBase = time.Now()
+
+// monoSince is t on the monotonic clock, as a duration since monoBase.
+func monoSince(t time.Time) time.Duration { return t.Sub(monoBase) }
+
+func (c *deadlineConn) Write(p []byte) (int, error) {
 	d := c.d
+	now := time.Now()
 	if c.stop.Load() {
+		// Shutdown may have set its own deadline (closeIdle): always fresh.
 		d = min(d, shutdownGrace)
+		c.until.Store(0)
+	} else if u := c.until.Load(); u != 0 && time.Duration(u)-monoSince(now) >= d-d/8 {
+		return c.Conn.Write(p)
+	} else {
+		c.until.Store(int64(monoSince(now.Add(d))))
 	}
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
+	_ = c.Conn.SetWriteDeadline(now.Add(d))
 	return c.Conn.Write(p)
 }
 
 // CloseWrite half-closes when the wrapped connection can.
-func (c deadlineConn) CloseWrite() error {
+func (c *deadlineConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}

@@ -249,7 +249,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			nc.Close()
 			continue
 		}
-		return &countedConn{deadlineConn: deadlineConn{nc, l.wt, l.stop}, release: l.conns.release}, nil
+		return &countedConn{deadlineConn: deadlineConn{Conn: nc, d: l.wt, stop: l.stop}, release: l.conns.release}, nil
 	}
 }
 

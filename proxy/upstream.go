@@ -51,6 +51,8 @@ type upConn struct {
 	br     *bufio.Reader
 	host   string
 	idleAt time.Time
+	// dl is the deadline set on nc (read and write); zero for none.
+	dl time.Time
 }
 
 // upReadBufSize is the read buffer of an upstream connection: response
@@ -78,6 +80,11 @@ func (u *upstreamClient) get(ctx context.Context, host string, fresh bool) (uc *
 			c := list[len(list)-1]
 			list[len(list)-1] = nil
 			list = list[:len(list)-1]
+			if !c.dl.IsZero() && c.dl.Sub(now) < time.Second {
+				// peerClosed cannot look past an expired deadline.
+				_ = c.nc.SetDeadline(time.Time{})
+				c.dl = time.Time{}
+			}
 			if now.Sub(c.idleAt) > u.idleTimeout || peerClosed(c.nc) {
 				stale = append(stale, c)
 				continue
@@ -185,7 +192,14 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	}
 	// The request context ending (the client went away) closes the
 	// connection, which ends any read or write on it.
-	stop := context.AfterFunc(ctx, func() { uc.nc.Close() })
+	var stop func() bool
+	if a, ok := ctx.(afterFuncer); ok {
+		// The h1Server's request context: no child context, no
+		// children map, no Done channel.
+		stop = a.AfterFunc(func() { uc.nc.Close() })
+	} else {
+		stop = context.AfterFunc(ctx, func() { uc.nc.Close() })
+	}
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		uc.nc.Close()
@@ -194,8 +208,14 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 		}
 		return nil, err
 	}
-	if u.headerTimeout > 0 {
-		_ = uc.nc.SetDeadline(time.Now().Add(u.headerTimeout))
+	if d := u.headerTimeout; d > 0 {
+		// A deadline an earlier exchange left with 7/8 of the timeout
+		// to run is kept (see below): the bound is then 7/8 to all of
+		// it, and a busy connection moves its timers once every d/8.
+		if now := time.Now(); uc.dl.IsZero() || uc.dl.Sub(now) < d-d/8 {
+			uc.dl = now.Add(d)
+			_ = uc.nc.SetDeadline(uc.dl)
+		}
 	}
 	if n, err := uc.nc.Write(req); err != nil {
 		if reused && !isTimeout(err) && (n == 0 || replayable) {
@@ -225,8 +245,12 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return fail(errors.New("instance switched protocols"))
 	}
-	if u.headerTimeout > 0 {
+	if !uc.dl.IsZero() && !bodyBuffered(uc.br, resp) {
+		// The body may take its time (a stream): no deadline. One
+		// already read needs none cleared: nothing reads the connection
+		// before the next exchange, and get clears one about to expire.
 		_ = uc.nc.SetDeadline(time.Time{})
+		uc.dl = time.Time{}
 	}
 	resp.Body = newUpBody(u, uc, resp, stop)
 	return resp, nil
@@ -255,6 +279,15 @@ func newUpBody(u *upstreamClient, uc *upConn, resp *http.Response, stop func() b
 		b.finish()
 	}
 	return b
+}
+
+// bodyBuffered reports whether resp's whole body is in br already, so
+// reading it cannot wait on the connection.
+func bodyBuffered(br *bufio.Reader, resp *http.Response) bool {
+	if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
+		return true
+	}
+	return len(resp.TransferEncoding) == 0 && resp.ContentLength >= 0 && resp.ContentLength <= int64(br.Buffered())
 }
 
 func isTimeout(err error) bool {

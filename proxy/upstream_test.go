@@ -300,3 +300,77 @@ func TestUpstreamPoolBounded(t *testing.T) {
 		t.Errorf("idle connections after Shutdown = %d, want 0", idle)
 	}
 }
+
+// TestUpstreamDeadlineKeptAcrossRequests: a pooled connection keeps the
+// head deadline an earlier exchange set while most of the timeout is
+// left; it must serve requests for several timeouts, and once that
+// deadline has passed on an idle connection the instance closing it must
+// still be seen (a request is never written onto it).
+func TestUpstreamDeadlineKeptAcrossRequests(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	closeNow := make(chan struct{})
+	closed := make(chan struct{})
+	var first atomic.Bool
+	up := newRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+		isFirst := first.CompareAndSwap(false, true)
+		if isFirst {
+			// The test closes this one while it is idle in the pool.
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				select {
+				case <-closeNow:
+					c.Close()
+				case <-done:
+				}
+			}()
+		}
+		for {
+			if !u.read(br) {
+				if isFirst {
+					close(closed)
+				}
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}")
+		}
+	})
+	e := newEnv(t, Config{UpstreamTimeout: timeout, Server: ServerInfermesh})
+	e.register(up.url(), "m")
+	post := func(what string) {
+		t.Helper()
+		resp := e.post(pathChat, `{"model":"chat"}`)
+		if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: got %d %s", what, resp.StatusCode, body)
+		}
+	}
+	for start := time.Now(); time.Since(start) < 4*timeout; {
+		post("busy connection")
+	}
+	if n := up.conns.Load(); n != 1 {
+		t.Fatalf("connections to the instance = %d, want 1 (reused)", n)
+	}
+	// Until the pooled connection's deadline has passed.
+	host := up.ln.Addr().String()
+	for {
+		e.proxy.up.mu.Lock()
+		dl := time.Time{}
+		if l := e.proxy.up.idle[host]; len(l) == 1 {
+			dl = l[0].dl
+		}
+		e.proxy.up.mu.Unlock()
+		if dl.IsZero() {
+			t.Fatal("the pooled connection has no deadline left: nothing to check")
+		}
+		if time.Now().After(dl) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(closeNow)
+	<-closed
+	post("after the instance closed the idle connection")
+	if n := up.conns.Load(); n != 2 {
+		t.Errorf("connections to the instance = %d, want 2", n)
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,20 +18,24 @@ const meterTail = 4 << 10
 
 // meter passes a response body through to the client and notes what the
 // metrics need without decoding it: when the first SSE event went out,
-// and the body's last meterTail bytes.
+// and the body's last meterTail bytes. An open stream holds its meter, so
+// the tail is a ring of exactly meterTail bytes, made contiguous once at
+// the end (Tail).
 type meter struct {
 	w     io.Writer
 	sse   bool
 	start time.Time
 	first time.Duration
-	tail  []byte
+	ring  []byte // len meterTail
+	pos   int    // where the next byte goes
+	full  bool   // the ring wrapped: all of it is tail, oldest at pos
 }
 
-var meterPool = sync.Pool{New: func() any { return &meter{tail: make([]byte, 0, 2*meterTail)} }}
+var meterPool = sync.Pool{New: func() any { return &meter{ring: make([]byte, meterTail)} }}
 
 func getMeter(w io.Writer, sse bool, start time.Time) *meter {
 	m := meterPool.Get().(*meter)
-	m.w, m.sse, m.start, m.first, m.tail = w, sse, start, 0, m.tail[:0]
+	m.w, m.sse, m.start, m.first, m.pos, m.full = w, sse, start, 0, 0, false
 	return m
 }
 
@@ -45,16 +50,40 @@ func (m *meter) Write(b []byte) (int, error) {
 	if m.sse && m.first == 0 && bytes.Contains(b, sseData) {
 		m.first = max(time.Since(m.start), 1)
 	}
-	if len(b) >= meterTail {
-		m.tail = append(m.tail[:0], b[len(b)-meterTail:]...)
-	} else {
-		if len(m.tail)+len(b) > cap(m.tail) {
-			keep := meterTail - len(b)
-			m.tail = m.tail[:copy(m.tail, m.tail[len(m.tail)-keep:])]
-		}
-		m.tail = append(m.tail, b...)
-	}
+	m.note(b)
 	return m.w.Write(b)
+}
+
+// note keeps b's bytes in the ring.
+func (m *meter) note(b []byte) {
+	if len(b) >= meterTail {
+		copy(m.ring, b[len(b)-meterTail:])
+		m.pos, m.full = 0, true
+		return
+	}
+	n := copy(m.ring[m.pos:], b)
+	if n < len(b) {
+		copy(m.ring, b[n:])
+		m.full = true
+	}
+	m.pos = (m.pos + len(b)) % meterTail
+	if m.pos == 0 && len(b) > 0 {
+		m.full = true
+	}
+}
+
+// Tail is the last meterTail bytes written (all of them when fewer), in
+// order, valid until the next Write. It rotates the ring in place.
+func (m *meter) Tail() []byte {
+	if !m.full {
+		return m.ring[:m.pos]
+	}
+	// Rotate left by pos: the oldest byte first.
+	slices.Reverse(m.ring[:m.pos])
+	slices.Reverse(m.ring[m.pos:])
+	slices.Reverse(m.ring)
+	m.pos = 0 // still full, oldest first
+	return m.ring
 }
 
 var usageKey = []byte(`"usage"`)
