@@ -91,7 +91,7 @@ func (m *Mesh) digest() liveDigest {
 
 // handleDigest compares a member's digest with ours and, when they differ,
 // asks the anti-entropy loop for a push/pull with the sender (or, when the
-// sender is not a live member to us, with a random one: we are the ones
+// sender was never a member to us, with a random one: we are the ones
 // missing something). It never blocks: memberlist calls it on its receive
 // path.
 func (m *Mesh) handleDigest(b []byte) {
@@ -187,10 +187,23 @@ func (m *Mesh) sendDigest() {
 }
 
 // antiEntropyPushPull does a full push/pull with from, or with a random
-// live member when from is not one.
+// live member when from is not one and never was.
+//
+// A sender we hold as dead or left is the one missing something: that it
+// was declared dead. Gossip may never tell it (the dead broadcast is
+// retransmitted a bounded number of times, and not re-sent by members
+// that already hold it dead), our own digests skip it, and a push/pull
+// with a third member changes nothing (an alive at the incarnation we hold
+// dead is ignored), so before, the views stayed apart, the spacing backed
+// off to PushPullInterval, and a formation under load waited minutes. Our
+// state tells it; it refutes with a higher incarnation that gossip then
+// spreads.
 func (m *Mesh) antiEntropyPushPull(from string) {
 	m.mu.RLock()
 	addr := m.gossipLive[from]
+	if p := m.departed[from]; addr == "" && p != nil {
+		addr = p.addr
+	}
 	m.mu.RUnlock()
 	if addr == "" {
 		from, addr = m.randomLive()

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -80,4 +81,76 @@ func TestAntiEntropyRepairsMissedJoin(t *testing.T) {
 		pushPulls += n.m.GossipStats().AntiEntropyPushPulls
 	}
 	t.Logf("anti-entropy push/pulls: %d", pushPulls)
+}
+
+// starCluster starts the named nodes and x, all joining the first, and
+// waits until everyone sees everyone.
+func starCluster(t *testing.T, c *testCluster, names ...string) (others map[string]*testNode, x *testNode) {
+	t.Helper()
+	others = map[string]*testNode{}
+	for _, name := range names {
+		others[name] = c.node(name)
+		if name != names[0] {
+			others[name].join(t, others[names[0]])
+		}
+	}
+	x = c.node("x")
+	x.join(t, others[names[0]])
+	eventually(t, 10*time.Second, "everyone sees everyone", func() bool {
+		for _, n := range others {
+			if !seesAll(n, append(names, "x")...) {
+				return false
+			}
+		}
+		return seesAll(x, names...)
+	})
+	return others, x
+}
+
+// falseDeath has every node of others declare x dead (forged deaths from a
+// gossip key holder, standing in for probes that time out on a loaded
+// host) until none lists it, then waits until all list it again: x
+// learnt it was declared dead and refuted it.
+func falseDeath(t *testing.T, others map[string]*testNode, x *testNode) {
+	t.Helper()
+	forgers := map[string]func(string){}
+	for name, n := range others {
+		forgers[name] = deathForger(t, n)
+	}
+	eventually(t, 5*time.Second, "every other member forgets x", func() bool {
+		gone := 0
+		for name, n := range others {
+			if slices.Contains(memberNames(n.m), x.name) {
+				forgers[name](x.name)
+			} else {
+				gone++
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		return gone == len(others)
+	})
+	eventually(t, 10*time.Second, "every other member sees x again", func() bool {
+		for _, n := range others {
+			if !slices.Contains(memberNames(n.m), x.name) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A node every other member holds dead, after deaths forged at different
+// incarnations, may never hear the last of them (members that already
+// hold it dead do not pass a dead message on). It still sends them its
+// membership digest; the member that gets it push/pulls with it, not with
+// a third member (which holds it dead too, or alive at an incarnation the
+// death overrides), so it learns it was declared dead, refutes, and is a
+// member everywhere again; memberlist's own push/pull is an hour away.
+func TestDigestFromADeadSenderMakesItRefute(t *testing.T) {
+	c := newTestCluster(t)
+	c.tweak = func(cfg *Config) { cfg.PushPullInterval = time.Hour }
+	others, x := starCluster(t, c, "a", "b", "c", "d", "e")
+	for range 3 {
+		falseDeath(t, others, x)
+	}
 }

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"sync"
@@ -319,33 +320,54 @@ func (c *conflictDelegate) NotifyConflict(existing, other *memberlist.Node) {
 }
 
 // metaCache remembers parsed, self-signature-verified node meta so that the
-// alive messages gossip repeats are not verified again and again.
+// alive messages gossip repeats are not verified again and again. It is
+// looked up by name and compared byte for byte, so a hit allocates
+// nothing (two to three lookups per alive message and push/pull entry).
 type metaCache struct {
 	mu sync.Mutex
-	m  map[string]*nodeMeta
+	m  map[string][]metaEntry // by node name, most recent first
+	n  int                    // entries over all names
 }
 
-const metaCacheMax = 4096
+type metaEntry struct {
+	raw []byte
+	nm  *nodeMeta
+}
 
-func (c *metaCache) init() { c.m = map[string]*nodeMeta{} }
+const (
+	metaCacheMax = 4096
+	// metaPerName bounds the metas kept per name: a node's current and
+	// previous ones, and a conflicting node's.
+	metaPerName = 4
+)
+
+func (c *metaCache) init() { c.m = map[string][]metaEntry{} }
 
 func (c *metaCache) parse(name string, b []byte) (*nodeMeta, error) {
-	k := name + "\x00" + string(b)
 	c.mu.Lock()
-	nm := c.m[k]
-	c.mu.Unlock()
-	if nm != nil {
-		return nm, nil
+	for _, e := range c.m[name] {
+		if bytes.Equal(e.raw, b) {
+			c.mu.Unlock()
+			return e.nm, nil
+		}
 	}
+	c.mu.Unlock()
 	nm, err := parseMeta(name, b)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
-	if len(c.m) >= metaCacheMax {
+	if c.n >= metaCacheMax {
 		clear(c.m)
+		c.n = 0
 	}
-	c.m[k] = nm
+	es := c.m[name]
+	if len(es) >= metaPerName {
+		es = es[:metaPerName-1]
+		c.n--
+	}
+	c.m[name] = append([]metaEntry{{raw: bytes.Clone(b), nm: nm}}, es...)
+	c.n++
 	c.mu.Unlock()
 	return nm, nil
 }

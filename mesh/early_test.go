@@ -116,3 +116,65 @@ func ownAdvert(t *testing.T, n *testNode, role string) []byte {
 	})
 	return msg
 }
+
+// A peer falsely declared dead by every other member at once (the forged
+// deaths stand in for probes timing out on a loaded host) comes back on
+// all of them. Members that forgot none of its adverts (it serves nothing)
+// start no push/pull with it: before, each of them did, all at the same
+// moment, and on a loaded host that herd timed the peer's probes out
+// again. Members that forgot its adverts do, and get them back.
+func TestPeerBackHerd(t *testing.T) {
+	c := newTestCluster(t)
+	c.ttl = 3 * time.Minute
+	others, x := starCluster(t, c, "a", "b", "c", "d", "e")
+	pushPulls := func() (sum uint64) {
+		for _, n := range others {
+			sum += n.m.stats.backPushPulls.Load()
+		}
+		return sum
+	}
+
+	falseDeath(t, others, x)
+	if n := pushPulls(); n != 0 {
+		t.Errorf("%d push/pulls with x back alive, serving nothing; want 0", n)
+	}
+
+	for _, n := range others {
+		n.tab.AllowRemoteNode("chat", "x", true)
+	}
+	x.serve(t, "chat", "m")
+	allResolve := func() bool {
+		for _, n := range others {
+			if !n.resolvesTo("chat", "x") {
+				return false
+			}
+		}
+		return true
+	}
+	// A member may miss the advert's broadcast (UDP, on a loaded host)
+	// and periodic push/pull is a minute away: one with x repairs it.
+	eventually(t, 10*time.Second, "every other member resolves chat to x", func() bool {
+		if x.m.bcast.NumQueued() != 0 {
+			return false
+		}
+		for _, n := range others {
+			if !n.resolvesTo("chat", "x") {
+				n.m.ml.Join([]string{x.m.GossipAddr()})
+			}
+		}
+		return allResolve()
+	})
+	eventually(t, 10*time.Second, "no advert broadcast queued", func() bool {
+		for _, n := range others {
+			if n.m.bcast.NumQueued() != 0 {
+				return false
+			}
+		}
+		return x.m.bcast.NumQueued() == 0
+	})
+	falseDeath(t, others, x)
+	eventually(t, 10*time.Second, "every other member resolves chat to x again", allResolve)
+	// (chat may also come back from x's own re-advertisement, before the
+	// push/pulls' spread start.)
+	eventually(t, 5*time.Second, "a push/pull with x back alive, serving chat", func() bool { return pushPulls() > 0 })
+}

@@ -2,6 +2,9 @@ package mesh
 
 import (
 	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -46,5 +49,68 @@ func TestNodeMetaFitsAndRoundTrips(t *testing.T) {
 		if _, err := parseMeta(name, c); err == nil {
 			t.Fatalf("meta with byte %d flipped parsed", i)
 		}
+	}
+}
+
+// BenchmarkMetaCacheHit measures the lookup every alive message and
+// push/pull entry makes (two to three per message) once the node's meta
+// is known.
+func BenchmarkMetaCacheHit(b *testing.B) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nm := &nodeMeta{cluster: "bench", key: priv.Public().(ed25519.PublicKey), quicAddr: "127.0.0.1:7947"}
+	raw, err := nm.marshal("n1", priv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var c metaCache
+	c.init()
+	if _, err := c.parse("n1", raw); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.parse("n1", raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The cache answers by name and exact bytes: a node's new meta is parsed
+// and verified, its previous one is still known, a meta signed for
+// another name is refused, and metas beyond metaPerName push the oldest
+// out.
+func TestMetaCache(t *testing.T) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metas := make([][]byte, metaPerName+1)
+	for i := range metas {
+		nm := &nodeMeta{cluster: "c", key: priv.Public().(ed25519.PublicKey), quicAddr: fmt.Sprintf("127.0.0.1:%d", 7000+i)}
+		if metas[i], err = nm.marshal("n1", priv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var c metaCache
+	c.init()
+	for round := range 2 {
+		for i, raw := range metas {
+			nm, err := c.parse("n1", raw)
+			if err != nil {
+				t.Fatalf("round %d meta %d: %v", round, i, err)
+			}
+			if want := fmt.Sprintf("127.0.0.1:%d", 7000+i); nm.quicAddr != want {
+				t.Errorf("round %d meta %d: quicAddr = %q, want %q", round, i, nm.quicAddr, want)
+			}
+		}
+	}
+	if got := len(c.m["n1"]); got != metaPerName || c.n != metaPerName {
+		t.Errorf("%d metas kept for n1 (%d in all), want %d", got, c.n, metaPerName)
+	}
+	if _, err := c.parse("n2", metas[0]); !errors.Is(err, errBadMeta) {
+		t.Errorf("n1's meta as n2's: err = %v, want errBadMeta", err)
 	}
 }

@@ -31,6 +31,7 @@ type gossipStats struct {
 	antiEntropyPushPulls atomic.Uint64
 	advertPiggybacks     atomic.Uint64 // gossip packets memberlist took adverts into
 	advertDirectSends    atomic.Uint64
+	backPushPulls        atomic.Uint64 // push/pulls with a peer back alive (peerBack)
 }
 
 // GossipStats returns the counters since New.

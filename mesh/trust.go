@@ -88,10 +88,14 @@ type trustState struct {
 }
 
 // certVerdicts maps a certificate's full binary form to whether it
-// verified. Safe for concurrent use.
+// verified. Safe for concurrent use. byPtr answers first, without
+// building the binary form: the certificates asked about come from the
+// node meta cache, the same parsed value for every copy of a node's meta
+// (and a Certificate is not modified once parsed).
 type certVerdicts struct {
-	mu sync.Mutex
-	m  map[string]bool
+	mu    sync.Mutex
+	m     map[string]bool
+	byPtr map[*identity.Certificate]bool
 }
 
 // certVerdictsMax bounds the cache; it is emptied when full.
@@ -102,7 +106,7 @@ func newTrustState(c TrustConfig, runtime map[revocation]bool) (*trustState, err
 		static:   make(map[string]TrustedNode, len(c.Nodes)),
 		config:   make(map[revocation]bool, len(c.Revoked)),
 		runtime:  runtime,
-		verdicts: &certVerdicts{m: map[string]bool{}},
+		verdicts: &certVerdicts{m: map[string]bool{}, byPtr: map[*identity.Certificate]bool{}},
 	}
 	if t.runtime == nil {
 		t.runtime = map[revocation]bool{}
@@ -197,20 +201,27 @@ func (t *trustState) certOK(cert *identity.Certificate) bool {
 	if cert == nil {
 		return false
 	}
-	k := string(cert.Marshal())
 	v := t.verdicts
 	v.mu.Lock()
-	ok, known := v.m[k]
+	ok, known := v.byPtr[cert]
 	v.mu.Unlock()
 	if known {
 		return ok
 	}
-	ok = identity.VerifyCertificate(cert, t.authorities) == nil
+	k := string(cert.Marshal())
 	v.mu.Lock()
-	if len(v.m) >= certVerdictsMax {
+	ok, known = v.m[k]
+	v.mu.Unlock()
+	if !known {
+		ok = identity.VerifyCertificate(cert, t.authorities) == nil
+	}
+	v.mu.Lock()
+	if len(v.m) >= certVerdictsMax || len(v.byPtr) >= certVerdictsMax {
 		clear(v.m)
+		clear(v.byPtr)
 	}
 	v.m[k] = ok
+	v.byPtr[cert] = ok
 	v.mu.Unlock()
 	return ok
 }

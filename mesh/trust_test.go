@@ -101,3 +101,25 @@ func TestCertOKRemembersPerTrust(t *testing.T) {
 		t.Errorf("certOK(nil) = true, want false")
 	}
 }
+
+// BenchmarkCertOKHit measures the verdict lookup the alive delegate and
+// every peer update make for a certificate already verified.
+func BenchmarkCertOKHit(b *testing.B) {
+	apub, apriv, _ := ed25519.GenerateKey(nil)
+	kB, _, _ := ed25519.GenerateKey(nil)
+	cert, err := identity.IssueCertificate(apriv, "b", kB, identity.ScopeFull, time.Hour, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts, err := newTrustState(TrustConfig{Authorities: []ed25519.PublicKey{apub}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts.certOK(cert)
+	b.ReportAllocs()
+	for b.Loop() {
+		if !ts.certOK(cert) {
+			b.Fatal("certOK = false")
+		}
+	}
+}
