@@ -349,6 +349,12 @@ func (m *Mesh) advertiseLoop() {
 		case name := <-m.back:
 			m.peerBack(name, sent)
 			continue
+		case <-m.refuted:
+			m.readvertise(sent)
+			continue
+		}
+		if m.readvertiseDue {
+			m.readvertise(sent)
 		}
 		m.advertiseOnce(sent)
 		m.gossipStarvedAdverts()

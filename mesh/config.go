@@ -158,6 +158,10 @@ type Config struct {
 	// time.Now. Tests inject a clock. Advert bookkeeping uses the monotonic
 	// clock.
 	Now func() time.Time
+
+	// backSpread, when set, replaces backSpread's window (tests: a spread
+	// no test can wait out).
+	backSpread time.Duration
 }
 
 // DefaultConfig returns the defaults (memberlist's LAN profile). StateDir

@@ -18,7 +18,11 @@ import (
 // the time is up is refused as unknown_origin. And when gossip sees a peer
 // alive again, this node re-advertises at once and exchanges every advert
 // it holds with that peer (a push/pull), instead of letting both wait for
-// the next refresh (AdvertTTL/3).
+// the next refresh (AdvertTTL/3). A node that refutes a suspicion or death
+// of its own re-advertises at once too: the members that held it dead
+// forgot its adverts, and the gossip broadcast brings them back in
+// O(log N) rounds, where their push/pulls with it are spread over
+// backSpread (seconds at N=100) so as not to land all at once.
 
 // Bounds of the early-advert hold.
 const (
@@ -135,14 +139,7 @@ func (m *Mesh) expireEarly() {
 // re-advertisement) does none, and the others start theirs at a random
 // moment spread over backSpread.
 func (m *Mesh) peerBack(name string, sent map[string]sentAdvert) {
-	if now := time.Now(); now.Sub(m.lastBack) >= time.Second {
-		m.lastBack = now
-		for role, s := range sent {
-			s.at = time.Time{}
-			sent[role] = s
-		}
-		m.advertiseOnce(sent)
-	}
+	m.readvertise(sent)
 	if !m.forgotAdvertsOf(name) {
 		return
 	}
@@ -191,5 +188,42 @@ func (m *Mesh) forgotAdvertsOf(origin string) bool {
 // size (10 s at N=100 with the LAN defaults: its adverts are back sooner
 // on most members, and within its refresh, AdvertTTL/3, on all).
 func (m *Mesh) backSpread() time.Duration {
+	if m.cfg.backSpread > 0 {
+		return m.cfg.backSpread
+	}
 	return m.cfg.GossipInterval * time.Duration(m.members.Load()) / 2
+}
+
+// readvertise re-advertises every role of ours now, with new sequence
+// numbers, so that members that forgot our adverts (they held us dead, or
+// we them) take them again: a gossip broadcast, O(log N) rounds, where a
+// push/pull with each of them would be N-1 exchanges. At most once a
+// second however often it is asked (peers coming back, our own refutes
+// of a death, each of which may follow another member forgetting our
+// adverts): a request within the second is done when it is up, by the
+// loop's next tick.
+func (m *Mesh) readvertise(sent map[string]sentAdvert) {
+	now := time.Now()
+	if now.Sub(m.lastBack) < time.Second {
+		m.readvertiseDue = true
+		return
+	}
+	m.lastBack, m.readvertiseDue = now, false
+	for role, s := range sent {
+		s.at = time.Time{}
+		sent[role] = s
+	}
+	m.advertiseOnce(sent)
+}
+
+// noteRefuted hears that memberlist refuted a suspicion or death of this
+// node: the members that declared us dead forgot our adverts, and the
+// advertise loop re-advertises them (readvertise). It never blocks:
+// memberlist calls it with its node lock held.
+func (m *Mesh) noteRefuted() {
+	m.stats.refutes.Add(1)
+	select {
+	case m.refuted <- struct{}{}:
+	default: // one is pending: the loop re-advertises once for both
+	}
 }

@@ -139,31 +139,7 @@ func TestPeerBackHerd(t *testing.T) {
 		t.Errorf("%d push/pulls with x back alive, serving nothing; want 0", n)
 	}
 
-	for _, n := range others {
-		n.tab.AllowRemoteNode("chat", "x", true)
-	}
-	x.serve(t, "chat", "m")
-	allResolve := func() bool {
-		for _, n := range others {
-			if !n.resolvesTo("chat", "x") {
-				return false
-			}
-		}
-		return true
-	}
-	// A member may miss the advert's broadcast (UDP, on a loaded host)
-	// and periodic push/pull is a minute away: one with x repairs it.
-	eventually(t, 10*time.Second, "every other member resolves chat to x", func() bool {
-		if x.m.bcast.NumQueued() != 0 {
-			return false
-		}
-		for _, n := range others {
-			if !n.resolvesTo("chat", "x") {
-				n.m.ml.Join([]string{x.m.GossipAddr()})
-			}
-		}
-		return allResolve()
-	})
+	allResolve := serveChatAtX(t, others, x)
 	eventually(t, 10*time.Second, "no advert broadcast queued", func() bool {
 		for _, n := range others {
 			if n.m.bcast.NumQueued() != 0 {
@@ -177,4 +153,78 @@ func TestPeerBackHerd(t *testing.T) {
 	// (chat may also come back from x's own re-advertisement, before the
 	// push/pulls' spread start.)
 	eventually(t, 5*time.Second, "a push/pull with x back alive, serving chat", func() bool { return pushPulls() > 0 })
+}
+
+// A serving node falsely declared dead by every other member refutes its
+// death and re-advertises its roles at once, with new sequence numbers:
+// gossip brings them back to every member that forgot them. Neither the
+// push/pulls with a peer back alive (spread over a minute here) nor its
+// refresh (a minute here) nor memberlist's push/pull (an hour) can bring
+// them back to every member in time.
+func TestRefuterReadvertises(t *testing.T) {
+	c := newTestCluster(t)
+	c.ttl = 3 * time.Minute
+	c.tweak = func(cfg *Config) {
+		cfg.PushPullInterval = time.Hour
+		cfg.backSpread = time.Minute
+	}
+	others, x := starCluster(t, c, "a", "b", "c", "d", "e")
+	serveChatAtX(t, others, x)
+
+	var missing []string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("members not resolving chat to x: %v; x refuted %d times", missing, x.m.stats.refutes.Load())
+		}
+	})
+	for range 3 {
+		refutes := x.m.stats.refutes.Load()
+		falseDeath(t, others, x)
+		eventually(t, 3*time.Second, "every other member resolves chat to x again", func() bool {
+			missing = missing[:0]
+			for name, n := range others {
+				if !n.resolvesTo("chat", "x") {
+					missing = append(missing, name)
+				}
+			}
+			return len(missing) == 0
+		})
+		// What told x: memberlist's log line (its only sign of a refute).
+		if x.m.stats.refutes.Load() == refutes {
+			t.Fatal("x was declared dead and is back, but noteRefuted never heard of its refute")
+		}
+	}
+}
+
+// serveChatAtX has x serve chat and waits until every other member
+// resolves chat to x; it returns that condition.
+func serveChatAtX(t *testing.T, others map[string]*testNode, x *testNode) (allResolve func() bool) {
+	t.Helper()
+	for _, n := range others {
+		n.tab.AllowRemoteNode("chat", "x", true)
+	}
+	x.serve(t, "chat", "m")
+	allResolve = func() bool {
+		for _, n := range others {
+			if !n.resolvesTo("chat", "x") {
+				return false
+			}
+		}
+		return true
+	}
+	// A member may miss the advert's broadcast (UDP, on a loaded host)
+	// and periodic push/pull is a minute away or more: one with x repairs
+	// it.
+	eventually(t, 10*time.Second, "every other member resolves chat to x", func() bool {
+		if x.m.bcast.NumQueued() != 0 {
+			return false
+		}
+		for _, n := range others {
+			if !n.resolvesTo("chat", "x") {
+				n.m.ml.Join([]string{x.m.GossipAddr()})
+			}
+		}
+		return allResolve()
+	})
+	return allResolve
 }

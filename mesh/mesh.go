@@ -8,6 +8,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,8 +85,15 @@ type Mesh struct {
 	// back names peers gossip saw alive again (first join, refuted
 	// death, thawed): the advertise loop re-advertises and sends them
 	// what it holds.
-	back     chan string
-	lastBack time.Time // the last re-advertisement it caused; the loop's own
+	back chan string
+	// refuted hears that memberlist refuted a suspicion or death of this
+	// node (zapWriter): members that declared us dead forgot our adverts,
+	// so the advertise loop re-advertises.
+	refuted  chan struct{}
+	lastBack time.Time // the last re-advertisement (readvertise); the loop's own
+	// readvertiseDue: a re-advertisement is asked for and waits for the
+	// once-a-second bound; the loop's own.
+	readvertiseDue bool
 	// lastPiggybacks is stats.advertPiggybacks when the advertise loop
 	// last looked (gossipStarvedAdverts); the loop's own.
 	lastPiggybacks uint64
@@ -154,6 +162,7 @@ func New(cfg Config) (*Mesh, error) {
 
 		gossipLive: map[string]string{},
 		back:       make(chan string, 64),
+		refuted:    make(chan struct{}, 1),
 		aeWant:     make(chan string, 1),
 	}
 	m.heal.targets = map[string]*rejoinTarget{}
@@ -249,7 +258,7 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Alive = (*aliveDelegate)(m)
 	mc.Merge = (*mergeDelegate)(m)
 	mc.Conflict = (*conflictDelegate)(m)
-	mc.Logger = log.New(zapWriter{m.log.Named("memberlist")}, "", 0)
+	mc.Logger = log.New(zapWriter{l: m.log.Named("memberlist"), refuted: m.noteRefuted}, "", 0)
 	if c.WrapTransport != nil {
 		nt, err := newNetTransport(mc)
 		if err != nil {
@@ -657,12 +666,27 @@ func (m *Mesh) rebuildMeta() error {
 // zapWriter turns memberlist's log lines into zap entries. memberlist warns
 // about every refused alive message; our own audit covers those, so its
 // WARN lines are logged at info.
-type zapWriter struct{ l *zap.Logger }
+//
+// Its line about refuting a suspicion or death of this node is also the
+// only sign memberlist gives of one (no delegate is called): refuted is
+// called, and must not block (memberlist logs it with its node lock held).
+type zapWriter struct {
+	l       *zap.Logger
+	refuted func() // nil: not told
+}
+
+// refutingPrefix starts memberlist's log line when it refutes an alive,
+// suspect or dead message about this node (memberlist v0.7.0, state.go:
+// refute's callers; TestRefuterReadvertises fails if it changes).
+const refutingPrefix = "[WARN] memberlist: Refuting "
 
 func (w zapWriter) Write(p []byte) (int, error) {
 	s := string(p)
 	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
 		s = s[:len(s)-1]
+	}
+	if w.refuted != nil && strings.HasPrefix(s, refutingPrefix) {
+		w.refuted()
 	}
 	switch {
 	case len(s) > 5 && s[:5] == "[ERR]":

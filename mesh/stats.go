@@ -32,6 +32,7 @@ type gossipStats struct {
 	advertPiggybacks     atomic.Uint64 // gossip packets memberlist took adverts into
 	advertDirectSends    atomic.Uint64
 	backPushPulls        atomic.Uint64 // push/pulls with a peer back alive (peerBack)
+	refutes              atomic.Uint64 // suspicions or deaths of ours memberlist refuted (noteRefuted)
 }
 
 // GossipStats returns the counters since New.
