@@ -168,7 +168,9 @@ func TestRefuterReadvertises(t *testing.T) {
 		cfg.PushPullInterval = time.Hour
 		cfg.backSpread = time.Minute
 	}
-	others, x := starCluster(t, c, "a", "b", "c", "d", "e")
+	// Enough members that some hear x alive again before x's membership
+	// digest makes them push/pull with it (which brings its adverts too).
+	others, x := starCluster(t, c, "a", "b", "c", "d", "e", "f", "g", "h", "i")
 	serveChatAtX(t, others, x)
 
 	var missing []string
