@@ -61,7 +61,7 @@ test-short:
 	$(GO) test -count=1 -short ./...
 
 ## bench: the proxy against direct connection, nginx and haproxy, side by side; everything the
-## targets need in one run (about 30-35 minutes, half of it the 1000-node simulation, run last);
+## targets need in one run (23 minutes on a quiet 2-core host, 11 of them the 1000-node simulation, run last);
 ## the report's header lists each phase's duration. BENCH_ARGS=-skip-mesh leaves the mesh out
 bench: build
 	bash bench/run.sh
