@@ -126,7 +126,6 @@ func falseDeath(t *testing.T, others map[string]*testNode, x *testNode) {
 				gone++
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
 		return gone == len(others)
 	})
 	eventually(t, 10*time.Second, "every other member sees x again", func() bool {

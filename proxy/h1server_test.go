@@ -765,9 +765,7 @@ func TestH1DeadlinesKeptOnBusyConnections(t *testing.T) {
 				// The second part arrives after the server read the first: the
 				// head is read line by line, under the header timeout.
 				io.WriteString(c, head[:10])
-				for e.activeConns() == 0 {
-					time.Sleep(time.Millisecond)
-				}
+				waitFor(t, "the server to take the connection", func() bool { return e.activeConns() > 0 })
 				head = head[10:]
 			}
 			io.WriteString(c, head)

@@ -352,21 +352,18 @@ func TestUpstreamDeadlineKeptAcrossRequests(t *testing.T) {
 	}
 	// Until the pooled connection's deadline has passed.
 	host := up.ln.Addr().String()
-	for {
-		e.proxy.up.mu.Lock()
-		dl := time.Time{}
-		if l := e.proxy.up.idle[host]; len(l) == 1 {
-			dl = l[0].dl
-		}
-		e.proxy.up.mu.Unlock()
-		if dl.IsZero() {
-			t.Fatal("the pooled connection has no deadline left: nothing to check")
-		}
-		if time.Now().After(dl) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
+	e.proxy.up.mu.Lock()
+	dl := time.Time{}
+	if l := e.proxy.up.idle[host]; len(l) == 1 {
+		dl = l[0].dl
 	}
+	e.proxy.up.mu.Unlock()
+	if dl.IsZero() {
+		t.Fatal("the pooled connection has no deadline left: nothing to check")
+	}
+	// An idle connection's deadline is not moved: the condition is the
+	// clock passing it.
+	waitFor(t, "the pooled connection's deadline to pass", func() bool { return time.Now().After(dl) })
 	close(closeNow)
 	<-closed
 	post("after the instance closed the idle connection")
