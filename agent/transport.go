@@ -60,7 +60,7 @@ func (l *lateRemote) progressing(ctx context.Context, node string) error {
 		return errNoTransport
 	}
 	err := tr.ConfirmAlive(ctx, node)
-	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) || errors.Is(err, mesh.ErrPeerBusy) || errors.Is(err, mesh.ErrPeerSlow) {
+	if errors.Is(err, mesh.ErrPeerLeaving) || errors.Is(err, mesh.ErrUnknownPeer) || mesh.Inconclusive(err) {
 		return nil
 	}
 	return err

@@ -84,7 +84,7 @@ func (m *Mesh) confirmGone(c Confirmer, p *peer) {
 			return // back alive in gossip (or replaced): nothing to decide
 		}
 		switch {
-		case errors.Is(err, ErrPeerBusy), errors.Is(err, ErrPeerSlow):
+		case Inconclusive(err):
 			// Our own requests hold every stream the peer allows (the
 			// probe was never sent), or the peer answers them but not
 			// the probe in time: nothing was learnt of its death. Ask
@@ -212,6 +212,15 @@ var ErrPeerBusy = errors.New("peer has every stream it allows open; the probe co
 // data: it is alive and working, only late. The connection's idle timeout
 // still ends it if it falls silent.
 var ErrPeerSlow = errors.New("peer answers other requests but not the probe in time")
+
+// Inconclusive reports whether err, from ConfirmAlive, says nothing of
+// the peer's silence: the probe could not be sent (ErrPeerBusy) or was
+// answered late while the peer's answers to our other requests brought
+// data (ErrPeerSlow). The connection's idle timeout still ends a peer
+// that falls silent.
+func Inconclusive(err error) bool {
+	return errors.Is(err, ErrPeerBusy) || errors.Is(err, ErrPeerSlow)
+}
 
 // serveProbe answers ConfirmAlive: 204 while this node is in the mesh, 503
 // once it is leaving.

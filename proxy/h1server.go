@@ -657,7 +657,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 func (c *h1Conn) idleDeadline() {
 	d := c.s.cfg.IdleTimeout
 	now := time.Now()
-	if !c.idleUntil.IsZero() && c.idleUntil.Sub(now) >= d-d/8 {
+	if !c.idleUntil.IsZero() && deadlineFresh(c.idleUntil.Sub(now), d) {
 		return
 	}
 	c.idleUntil = now.Add(d)

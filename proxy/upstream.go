@@ -212,7 +212,7 @@ func (u *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte, r
 		// A deadline an earlier exchange left with 7/8 of the timeout
 		// to run is kept (see below): the bound is then 7/8 to all of
 		// it, and a busy connection moves its timers once every d/8.
-		if now := time.Now(); uc.dl.IsZero() || uc.dl.Sub(now) < d-d/8 {
+		if now := time.Now(); uc.dl.IsZero() || !deadlineFresh(uc.dl.Sub(now), d) {
 			uc.dl = now.Add(d)
 			_ = uc.nc.SetDeadline(uc.dl)
 		}
