@@ -3,6 +3,8 @@ package agent
 import (
 	"net"
 	"sync"
+
+	"github.com/infermesh/infermesh/proxy"
 )
 
 // The role ports are bound early in Run (so that a port taken is an error
@@ -32,9 +34,25 @@ func (g *acceptGate) listen(bind func(network, addr string) (net.Listener, error
 		if err != nil {
 			return nil, err
 		}
-		return &gatedListener{Listener: ln, gate: g, closed: make(chan struct{})}, nil
+		gl := &gatedListener{Listener: ln, gate: g, closed: make(chan struct{})}
+		if h, ok := ln.(proxy.ConnHandover); ok {
+			return &gatedHandover{gatedListener: gl, h: h}, nil
+		}
+		return gl, nil
 	}
 }
+
+// gatedHandover is a gatedListener whose listener hands idle connections
+// over (proxy.ConnHandover), passed through: the wrapper has the method
+// only when the listener underneath does.
+type gatedHandover struct {
+	*gatedListener
+	h proxy.ConnHandover
+}
+
+func (l *gatedHandover) HandOver(c net.Conn) error { return l.h.HandOver(c) }
+
+var _ proxy.ConnHandover = (*gatedHandover)(nil)
 
 type gatedListener struct {
 	net.Listener

@@ -50,6 +50,8 @@ type h1Server struct {
 	stopping atomic.Bool   // Shutdown or Close began
 	quit     chan struct{} // closed when stopping begins
 	graceEnd time.Time     // Shutdown's deadline for heads and blocked writes; set before quit closes
+	idleEnd  time.Time     // Shutdown closes idle connections from then on (no handover); set with graceEnd
+	handover ConnHandover  // the listener's, when idle connections can outlive this server; set by Serve
 
 	mu        sync.Mutex
 	ln        net.Listener
@@ -79,6 +81,10 @@ type h1Config struct {
 	// WriteTimeout bounds each write to the client (a stalled reader
 	// fails its stream after it). Default 60s.
 	WriteTimeout time.Duration
+	// DrainIdle is how long Shutdown keeps a kept-alive connection open
+	// while it waits for a request, when the listener cannot hand it over
+	// (see Shutdown). Default 1s.
+	DrainIdle time.Duration
 	// Conns caps the connections, shared with other servers; nil: no cap.
 	Conns *connLimiter
 	// Logger; nil is a no-op logger.
@@ -97,6 +103,9 @@ func (c *h1Config) fill() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
+	}
+	if c.DrainIdle <= 0 {
+		c.DrainIdle = time.Second
 	}
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = 64 << 10
@@ -128,6 +137,9 @@ func (s *h1Server) Serve(ln net.Listener) error {
 		return errServerClosed
 	}
 	s.ln = ln
+	if h, ok := ln.(ConnHandover); ok {
+		s.handover = h
+	}
 	s.mu.Unlock()
 	var backoff time.Duration
 	for {
@@ -211,7 +223,9 @@ func (s *h1Server) reapIdle(n int) {
 func (s *h1Server) beginStop() {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
-		s.graceEnd = time.Now().Add(shutdownGrace)
+		now := time.Now()
+		s.graceEnd = now.Add(shutdownGrace)
+		s.idleEnd = now.Add(s.cfg.DrainIdle)
 		s.stopping.Store(true)
 		close(s.quit)
 		ln := s.ln
@@ -222,10 +236,23 @@ func (s *h1Server) beginStop() {
 	})
 }
 
-// Shutdown stops accepting, closes idle connections, and waits for the
-// requests in flight (streams included) to finish; when ctx ends first it
-// closes what is left and returns ctx's error. Connections finishing a
-// request close instead of waiting for another.
+// Shutdown stops accepting, waits for the requests in flight (streams
+// included) to finish, and ends the idle connections without ever
+// closing one a request may be on its way over; when ctx ends first it
+// closes what is left and returns ctx's error.
+//
+// The drain follows Envoy's rule for HTTP/1.1, not nginx's (which closes
+// idle keep-alive connections at once, racing with a client's next
+// request): every response whose head goes out once the drain began
+// carries "Connection: close" and its connection closes after it. A
+// connection whose last response went out before (idle at the start, or
+// a stream that began earlier) is not closed under the client: when the
+// listener can hand connections over (ConnHandover: systemd's file
+// descriptor store keeps them for the next agent), it is handed over as
+// soon as it is idle, with nothing of it read; otherwise it stays open
+// for DrainIdle, so that a client between two requests sends its next one
+// and is answered with "Connection: close", and only a connection idle
+// for all of DrainIdle is closed then.
 func (s *h1Server) Shutdown(ctx context.Context) error {
 	s.beginStop()
 	wait := time.Millisecond
@@ -246,18 +273,26 @@ func (s *h1Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// closeIdle closes the connections waiting for a request, lingering, or
-// still sending a request body (a stalled body would hold Shutdown for
-// its whole timeout), gives those reading a request head and those in a
-// blocked write until graceEnd (a slowloris or a stalled reader would
-// hold it for the header or write timeout), and returns how many are
-// still serving a request.
+// closeIdle ends the idle connections as Shutdown says (handed over, or
+// closed once DrainIdle is over), closes those lingering or still sending
+// a request body (a stalled body would hold Shutdown for its whole
+// timeout), gives those reading a request head and those in a blocked
+// write until graceEnd (a slowloris or a stalled reader would hold it for
+// the header or write timeout), and returns how many connections are
+// still open.
 func (s *h1Server) closeIdle() int {
-	var idle, inBody, active []*h1Conn
+	var idle, parked, inBody, active []*h1Conn
+	open := 0
 	s.mu.Lock()
+	idleOver := !time.Now().Before(s.idleEnd)
 	for c := range s.conns {
 		switch {
-		case c.state.CompareAndSwap(connIdle, connClosed), c.state.CompareAndSwap(connLinger, connClosed):
+		case c.state.CompareAndSwap(connLinger, connClosed):
+			idle = append(idle, c)
+		case s.handover != nil && c.state.CompareAndSwap(connIdle, connHandover):
+			parked = append(parked, c)
+			open++
+		case idleOver && c.state.CompareAndSwap(connIdle, connClosed):
 			idle = append(idle, c)
 		case c.state.Load() == connActive:
 			if c.inBody.Load() {
@@ -265,12 +300,20 @@ func (s *h1Server) closeIdle() int {
 			} else {
 				active = append(active, c)
 			}
+			open++
+		case c.state.Load() != connClosed:
+			open++ // idle within DrainIdle, or parked and not yet handed over
 		}
 	}
 	graceEnd := s.graceEnd
 	s.mu.Unlock()
 	for _, c := range idle {
 		c.nc.Close()
+	}
+	for _, c := range parked {
+		// Wakes its serve goroutine from the wait for a request; it hands
+		// the connection over when nothing arrived (see serve).
+		_ = c.nc.SetReadDeadline(aLongTimeAgo)
 	}
 	for _, c := range inBody {
 		c.abort()
@@ -289,7 +332,7 @@ func (s *h1Server) closeIdle() int {
 		}
 		c.wmu.Unlock()
 	}
-	return len(inBody) + len(active)
+	return open
 }
 
 // Close stops accepting and closes every connection at once, cancelling
@@ -312,10 +355,11 @@ func (s *h1Server) Close() error {
 
 // Connection states.
 const (
-	connIdle   = iota // waiting for a request (closeable by Shutdown)
-	connActive        // reading or serving a request
-	connClosed        // closed by Shutdown or Close
-	connLinger        // answered, closing: reading what the client still sends (Shutdown closes it at once)
+	connIdle     = iota // waiting for a request (closeable by Shutdown)
+	connActive          // reading or serving a request
+	connClosed          // closed by Shutdown or Close
+	connLinger          // answered, closing: reading what the client still sends (Shutdown closes it at once)
+	connHandover        // idle, being handed over by Shutdown (ConnHandover)
 )
 
 const (
@@ -423,21 +467,47 @@ func (c *h1Conn) serve() {
 	for {
 		if c.br.Buffered() == 0 {
 			c.idleDeadline()
+			// Shutdown parks a connection, then moves its read deadline
+			// into the past; a deadline set here after that would hide it.
+			if c.state.Load() == connHandover {
+				c.handOver()
+				return
+			}
 			if _, err := c.br.Peek(1); err != nil {
+				if c.state.Load() == connHandover && c.br.Buffered() == 0 {
+					c.handOver()
+				}
 				return
 			}
 		}
 		if !c.state.CompareAndSwap(connIdle, connActive) {
-			return // Shutdown closed it while idle
+			if !c.state.CompareAndSwap(connHandover, connActive) {
+				return // Shutdown closed it while idle
+			}
+			// A request arrived as Shutdown parked the connection: it is
+			// answered here (with "Connection: close"), not handed over.
+			_ = c.nc.SetReadDeadline(time.Time{})
+			c.idleUntil = time.Time{}
 		}
 		c.inHead.Store(true)
 		if !c.serveRequest() {
 			return
 		}
+		// Kept alive: a response that went out once Shutdown began said
+		// "Connection: close" and ended the connection above, so this one
+		// began earlier and its client may send another request on it at
+		// any moment. Shutdown ends it as an idle one.
 		c.state.Store(connIdle)
-		if s.stopping.Load() {
-			return
-		}
+	}
+}
+
+// handOver gives the idle connection, with nothing of it read, to the
+// listener's ConnHandover; the connection's own descriptor then closes
+// (serve's defer) and the one handed over lives on. A refusal is logged:
+// the connection closes as it would without a handover.
+func (c *h1Conn) handOver() {
+	if err := c.s.handover.HandOver(c.nc); err != nil {
+		c.s.log.Debug("idle connection not handed over; closing it", zap.String("remote", c.remoteAddr), zap.Error(err))
 	}
 }
 

@@ -602,10 +602,17 @@ func TestH1Timeouts(t *testing.T) {
 }
 
 func TestH1Shutdown(t *testing.T) {
-	t.Run("drains in-flight, closes idle", func(t *testing.T) {
+	// The drain never closes a connection a request may be on its way
+	// over: what holds is that every request sent on a kept-alive
+	// connection after Shutdown began is answered, with "Connection:
+	// close", and only a connection that carried nothing for all of
+	// DrainIdle is closed.
+	t.Run("drains in-flight, answers idle connections with Connection: close", func(t *testing.T) {
 		release := make(chan struct{})
+		releaseOnce := sync.OnceFunc(func() { close(release) })
+		defer releaseOnce() // a failed assertion must not leave the handler waiting
 		inFlight := make(chan struct{})
-		e := newH1Env(t, h1Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e := newH1Env(t, h1Config{DrainIdle: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" {
 				io.WriteString(w, "part1 ")
 				w.(http.Flusher).Flush()
@@ -617,39 +624,103 @@ func TestH1Shutdown(t *testing.T) {
 		idle, idleBR := e.dial()
 		io.WriteString(idle, "GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
 		readRaw(t, idleBR, "GET")
+		quiet, quietBR := e.dial() // carries nothing during the drain
+		io.WriteString(quiet, "GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+		readRaw(t, quietBR, "GET")
 		busy, busyBR := e.dial()
 		io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
 		<-inFlight
 		shut := make(chan error, 1)
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			shut <- e.srv.Shutdown(ctx)
 		}()
-		if !closedByServer(idle, idleBR) {
-			t.Error("Shutdown left an idle connection open")
-		}
+		waitFor(t, "Shutdown to begin", e.srv.stopping.Load)
 		if _, err := net.DialTimeout("tcp", e.addr, time.Second); err == nil {
 			t.Error("still accepting after Shutdown")
 		}
-		select {
-		case err := <-shut:
-			t.Fatalf("Shutdown returned %v with a request in flight", err)
-		case <-time.After(50 * time.Millisecond):
+		// The next request on a connection idle when the drain began.
+		io.WriteString(idle, "GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+		if got := readRaw(t, idleBR, "GET"); got.body != "done" || got.header.Get("Connection") != "close" {
+			t.Errorf("request on an idle connection during the drain = %d %q, Connection %q; want done, with Connection: close",
+				got.status, got.body, got.header.Get("Connection"))
 		}
-		close(release)
+		if !closedByServer(idle, idleBR) {
+			t.Error("connection kept after its Connection: close response")
+		}
+		releaseOnce()
 		got := readRaw(t, busyBR, "GET")
 		if got.err != nil || got.body != "part1 done" {
 			t.Errorf("in-flight response = %q, %v; want it completed", got.body, got.err)
 		}
+		// Its head went out before the drain, without Connection: close:
+		// the client may send another request, which is answered.
+		if got.header.Get("Connection") == "close" {
+			t.Fatalf("a response begun before the drain says Connection: close")
+		}
+		io.WriteString(busy, "GET /fast HTTP/1.1\r\nHost: h\r\n\r\n")
+		if got := readRaw(t, busyBR, "GET"); got.body != "done" || got.header.Get("Connection") != "close" {
+			t.Errorf("request after a stream that began before the drain = %q, Connection %q; want done, with Connection: close",
+				got.body, got.header.Get("Connection"))
+		}
 		if err := <-shut; err != nil {
 			t.Errorf("Shutdown = %v", err)
 		}
-		if !closedByServer(busy, busyBR) {
-			t.Error("connection kept after its last response during shutdown")
+		for _, c := range []struct {
+			name string
+			c    net.Conn
+			br   *bufio.Reader
+		}{{"busy", busy, busyBR}, {"quiet", quiet, quietBR}} {
+			if !closedByServer(c.c, c.br) {
+				t.Errorf("%s connection left open after Shutdown returned", c.name)
+			}
 		}
 		if err := e.srv.Shutdown(context.Background()); err != nil {
 			t.Errorf("second Shutdown = %v", err)
+		}
+	})
+	t.Run("hands idle connections over with nothing read", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hl := &handoverListener{Listener: ln}
+		srv := newH1Server(echo, h1Config{DrainIdle: time.Hour})
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(hl) }()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
+		readRaw(t, br, "GET")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// DrainIdle is an hour: Shutdown returns because the connection
+		// was handed over, not closed.
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Fatalf("Shutdown = %v", err)
+		}
+		if err := <-served; !errors.Is(err, errServerClosed) {
+			t.Errorf("Serve = %v", err)
+		}
+		got := hl.taken()
+		if len(got) != 1 {
+			t.Fatalf("connections handed over = %d, want 1", len(got))
+		}
+		defer got[0].Close()
+		// The next request reaches the descriptor handed over, whole: the
+		// next agent serves it.
+		io.WriteString(c, "GET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+		next := newH1Server(echo, h1Config{})
+		one := &oneConnListener{c: got[0], done: make(chan struct{})}
+		go next.Serve(one)
+		defer next.Close()
+		if r := readRaw(t, br, "GET"); !strings.HasPrefix(r.body, "GET /b?") {
+			t.Errorf("request after the handover = %d %q; want it served by the next server", r.status, r.body)
 		}
 	})
 	t.Run("deadline cuts what is left", func(t *testing.T) {
@@ -775,6 +846,59 @@ func TestH1DeadlinesKeptOnBusyConnections(t *testing.T) {
 		})
 	}
 }
+
+// handoverListener is a ConnHandover that keeps a duplicate of each
+// connection handed over, as systemd's file descriptor store would.
+type handoverListener struct {
+	net.Listener
+	mu   sync.Mutex
+	kept []net.Conn
+}
+
+func (l *handoverListener) HandOver(c net.Conn) error {
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	d, err := net.FileConn(f)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.kept = append(l.kept, d)
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *handoverListener) taken() []net.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.kept
+}
+
+// oneConnListener accepts c once, then waits for Close.
+type oneConnListener struct {
+	c    net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	if c := l.c; c != nil {
+		l.c = nil
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // activeConns counts the connections reading or serving a request.
 func (e *h1Env) activeConns() int {

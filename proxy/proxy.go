@@ -140,6 +140,8 @@ type Config struct {
 	// Listen binds the listener of a role port or of the shared port
 	// (network "tcp"). Nil: net.Listen. cmd/infermeshd hands over sockets
 	// that systemd kept open across a restart, so the port never closes.
+	// A listener that is also a ConnHandover gets the idle connections
+	// when the proxy shuts down (the default server only).
 	Listen func(network, addr string) (net.Listener, error)
 	// AccessLog receives one line per request (info). Nil: none.
 	AccessLog *zap.Logger
@@ -277,6 +279,18 @@ func New(cfg Config) (*Proxy, error) {
 		bodyMem: &memBudget{max: cfg.MaxBodyMemory},
 		conns:   &connLimiter{max: int64(cfg.MaxConns)},
 	}, nil
+}
+
+// ConnHandover is implemented by a listener whose idle client connections
+// can outlive the proxy: cmd/infermeshd's, under systemd, hands them to
+// the file descriptor store, and the next agent serves them (nothing of
+// them was read, so the next request on one is whole). HandOver is called
+// from Shutdown, once per idle connection, concurrently; the caller
+// closes its own descriptor after it returns. An error means the
+// connection could not be handed over (the caller closes it as it would
+// without a handover).
+type ConnHandover interface {
+	HandOver(c net.Conn) error
 }
 
 // ErrClosed is returned by Listen after Shutdown.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -8,12 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 // readNotify reads sd_notify datagrams until one is not a file descriptor
@@ -164,4 +169,224 @@ func TestListeningSocketOutlivesRestart(t *testing.T) {
 		t.Errorf("request sent while no agent ran: %d, %v; want an answer from the next agent", r.code, r.err)
 	}
 	stop(second)
+}
+
+// fakeFDStore is systemd's file descriptor store, as far as the agent
+// sees it: it keeps the descriptors sent with FDSTORE=1 by name, drops a
+// name's on FDSTOREREMOVE=1, and passes what it holds to the next agent
+// in LISTEN_FDS order. Other states are delivered on states.
+type fakeFDStore struct {
+	t      *testing.T
+	conn   *net.UnixConn
+	path   string
+	states chan string
+
+	mu    sync.Mutex
+	names []string
+	files []*os.File
+}
+
+func newFakeFDStore(t *testing.T) *fakeFDStore {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fakeFDStore{t: t, conn: c, path: path, states: make(chan string, 64)}
+	done := make(chan struct{})
+	go s.run(done)
+	t.Cleanup(func() {
+		c.Close()
+		<-done
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, f := range s.files {
+			f.Close()
+		}
+	})
+	return s
+}
+
+func (s *fakeFDStore) run(done chan struct{}) {
+	defer close(done)
+	for {
+		buf, oob := make([]byte, 4096), make([]byte, 1024)
+		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			return
+		}
+		var fds []int
+		if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				got, _ := syscall.ParseUnixRights(&m)
+				fds = append(fds, got...)
+			}
+		}
+		state := string(buf[:n])
+		if name, ok := strings.CutPrefix(state, "FDSTORE=1\nFDNAME="); ok {
+			s.mu.Lock()
+			for _, fd := range fds {
+				s.names = append(s.names, name)
+				s.files = append(s.files, os.NewFile(uintptr(fd), name))
+			}
+			s.mu.Unlock()
+			continue
+		}
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		if name, ok := strings.CutPrefix(state, "FDSTOREREMOVE=1\nFDNAME="); ok {
+			s.mu.Lock()
+			var names []string
+			var files []*os.File
+			for i, n := range s.names {
+				if n == name {
+					s.files[i].Close()
+					continue
+				}
+				names, files = append(names, n), append(files, s.files[i])
+			}
+			s.names, s.files = names, files
+			s.mu.Unlock()
+			continue
+		}
+		select {
+		case s.states <- state:
+		default:
+		}
+	}
+}
+
+// held returns the names of the descriptors held, in order.
+func (s *fakeFDStore) held() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.names...)
+}
+
+// start runs the agent with what the store holds, as systemd starts the
+// unit again, and waits for its READY=1.
+func (s *fakeFDStore) start(args ...string) *exec.Cmd {
+	s.t.Helper()
+	// Duplicates for the child: the store may drop its own meanwhile.
+	s.mu.Lock()
+	names := strings.Join(s.names, ":")
+	var files []*os.File
+	for _, f := range s.files {
+		fd, err := syscall.Dup(int(f.Fd()))
+		if err != nil {
+			s.mu.Unlock()
+			s.t.Fatal(err)
+		}
+		files = append(files, os.NewFile(uintptr(fd), f.Name()))
+	}
+	s.mu.Unlock()
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	// LISTEN_PID must be the agent's pid: sh execs it, keeping its own.
+	script := `n=$1; names=$2; b=$3; shift 3; LISTEN_PID=$$ LISTEN_FDS=$n LISTEN_FDNAMES="$names" exec "$b" "$@"`
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", fmt.Sprint(len(files)), names, bin}, args...)...)
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+s.path)
+	cmd.ExtraFiles = files // fd 3 on
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case st := <-s.states:
+			if st == "READY=1" {
+				return cmd
+			}
+		case <-deadline:
+			s.t.Fatal("no READY=1 from the agent within 60 s")
+		}
+	}
+}
+
+// TestIdleConnectionOutlivesRestart: a kept-alive connection idle when the
+// agent drains is neither closed nor reset: it is handed to the file
+// descriptor store, and the next agent answers the next request on it,
+// sent while no agent ran. What must hold: no request on the connection
+// fails, and the store keeps no copy once the next agent took it.
+func TestIdleConnectionOutlivesRestart(t *testing.T) {
+	store := newFakeFDStore(t)
+	port := testnet.TCPPort(t, "127.0.0.1")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	idleName := idlePrefix + fdName(addr)
+	args := []string{"-dev", "-dev-port", fmt.Sprint(port), "-dev-token-delay", "1ms"}
+	stop := func(cmd *exec.Cmd) {
+		t.Helper()
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	}
+
+	first := store.start(args...)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	send := func() {
+		t.Helper()
+		const body = `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`
+		if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
+			"Content-Length: %d\r\n\r\n%s", addr, len(body), body); err != nil {
+			t.Fatalf("sending on the kept-alive connection: %v", err)
+		}
+	}
+	read := func() *http.Response {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
+		if err != nil {
+			t.Fatalf("the kept-alive connection: %v; want an answer", err)
+		}
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		resp.Body.Close()
+		if resp.Close {
+			t.Fatalf("answer %d says Connection: close; want the connection kept", resp.StatusCode)
+		}
+		return resp
+	}
+	// The demo instance registers after its first probe: 503 until then.
+	testproc.WaitUntil(t, "the first agent's 200", 30*time.Second, func() bool { send(); return read().StatusCode == http.StatusOK })
+	stop(first)
+	// Sent before the agent exited; read by the store's goroutine.
+	testproc.WaitUntil(t, "the idle connection in the store", 10*time.Second, func() bool { return slices.Contains(store.held(), idleName) })
+
+	send() // no agent runs: the request waits in the kernel
+	second := store.start(args...)
+	if code := read().StatusCode; code != http.StatusOK && code != http.StatusServiceUnavailable {
+		t.Errorf("request sent on the idle connection while no agent ran: %d; want the next agent's answer", code)
+	}
+	if got := store.held(); slices.Contains(got, idleName) {
+		t.Errorf("store still holds %q once the next agent took it: %q", idleName, got)
+	}
+	send()
+	if code := read().StatusCode; code != http.StatusOK && code != http.StatusServiceUnavailable {
+		t.Errorf("next request on the adopted connection: %d", code)
+	}
+	stop(second)
+}
+
+// TestFDStoreMaxMatchesTheUnit: the agent's count of what fits in the
+// store is the unit's FileDescriptorStoreMax.
+func TestFDStoreMaxMatchesTheUnit(t *testing.T) {
+	want := fmt.Sprintf("\nFileDescriptorStoreMax=%d\n", fdStoreMax)
+	if !strings.Contains(string(configs.InfermeshdUnit), want) {
+		t.Errorf("configs/infermeshd.service has no %q: fdStoreMax and the unit disagree", strings.TrimSpace(want))
+	}
 }
