@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -367,13 +366,11 @@ func LoadConfig(path string) (*Config, error) {
 	return cfg, nil
 }
 
-var yamlFieldNotFound = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
-
 // ParseConfig strictly decodes, defaults and validates YAML config data.
 func ParseConfig(data []byte) (*Config, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, err
+		return nil, syntaxError(data, err)
 	}
 	if err := checkKeys(&doc, reflect.TypeFor[Config]()); err != nil {
 		return nil, err
@@ -388,22 +385,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-func friendlyYAMLError(err error) error {
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		msgs := make([]string, 0, len(te.Errors))
-		for _, e := range te.Errors {
-			if m := yamlFieldNotFound.FindStringSubmatch(e); m != nil {
-				msgs = append(msgs, fmt.Sprintf("line %s: unknown key %q", m[1], m[2]))
-				continue
-			}
-			msgs = append(msgs, e)
-		}
-		return errors.New(strings.Join(msgs, "; "))
-	}
-	return err
 }
 
 // DevConfig is the configuration of `infermeshd -dev`: one node, no mesh,
@@ -767,16 +748,28 @@ func (in *InstanceConfig) validate(f string) error {
 func validNodeName(n string) error { return placement.ValidateNode(n) }
 
 // loopbackBase checks that s is http://<loopback IP or localhost>:<port>.
+// Its errors say what is wrong and what is wanted, not the URL parser's
+// words.
 func loopbackBase(s string) error {
+	const want = "want http://<loopback address>:<port>, e.g. http://127.0.0.1:8081"
+	if !strings.Contains(s, "://") {
+		if _, _, err := net.SplitHostPort(s); err == nil {
+			return fmt.Errorf("%q has no scheme: write %q", s, "http://"+s)
+		}
+		return fmt.Errorf("%q is not a URL: %s", s, want)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return err
+		return fmt.Errorf("%q is not a URL: %s", s, want)
 	}
 	if u.Scheme != "http" {
-		return fmt.Errorf("%q must use http://", s)
+		return fmt.Errorf("%q must use http:// (the agent talks plain HTTP to an instance on loopback)", s)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return fmt.Errorf("%q must not have a path", s)
+		return fmt.Errorf("%q must not have a path (the agent adds /v1/...): %s", s, want)
+	}
+	if u.Port() == "" {
+		return fmt.Errorf("%q has no port: %s", s, want)
 	}
 	if !loopbackHostPort(u.Host) {
 		return fmt.Errorf("%q is not a loopback address with a port", s)
