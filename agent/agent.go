@@ -39,7 +39,8 @@ type Options struct {
 	// built-in demo model, so the agent itself does not link it.
 	DevModel DevModel
 	// Simulated serves the roles whose instance is runtime simulated, one
-	// server per role, named after the role's model (else "demo").
+	// server per role, named after the role's model (Validate makes it
+	// SimulatedModel when the config names none).
 	// cmd/infermeshd passes the built-in demo model, as for DevModel. Nil:
 	// such a role fails Run, naming it.
 	Simulated DevModel
@@ -334,7 +335,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.opts.Simulated == nil {
 				return fmt.Errorf("roles.%s.instance.runtime: simulated: this agent has no built-in demo model", name)
 			}
-			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, "demo"))
+			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, SimulatedModel))
 			if err != nil {
 				return fmt.Errorf("roles.%s.instance: %w", name, err)
 			}

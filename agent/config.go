@@ -207,6 +207,7 @@ type RoleConfig struct {
 	// Upstream is a static local instance, http://<loopback>:<port>.
 	Upstream string `yaml:"upstream"`
 	// Model is the model the instance knows; requests are pinned to it.
+	// Default for a simulated instance: SimulatedModel.
 	Model string `yaml:"model"`
 	// Expose allows the role to leave loopback at all (serve to peers).
 	Expose bool `yaml:"expose"`
@@ -336,6 +337,9 @@ const (
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second
 	defaultHealthPeriod = 2 * time.Second
+	// SimulatedModel is the model of a simulated instance whose role names
+	// none: the built-in demo model's own name.
+	SimulatedModel = "demo"
 	// defaultStartupTimeout is provision's ReadyTimeout default.
 	defaultStartupTimeout = 2 * time.Minute
 )
@@ -506,6 +510,11 @@ func (c *Config) Validate() error {
 		if r.Instance != nil {
 			if err := r.Instance.validate(f + ".instance"); err != nil {
 				return err
+			}
+			if r.Instance.Runtime == provision.RuntimeSimulated && r.Model == "" {
+				// The role pins requests to the model its instance knows:
+				// without a model named, both are the demo model's own.
+				r.Model = SimulatedModel
 			}
 		}
 		for i, n := range r.ServeTo {
