@@ -266,6 +266,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.checkIdentity(); err != nil {
 		return err
 	}
+	// What infermeshd --validate refuses, Run refuses: a certificate no peer
+	// of this trust would admit is a config error, not a silent start
+	// unadmitted. The checks it could not make are logged; an expiry, the
+	// mesh logs itself.
+	_, notes, err := a.cfg.checkCertificate()
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		a.log.Warn(n)
+	}
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's
 	// admission.
@@ -323,6 +334,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	// The audit history survives restarts; saved before the store closes.
 	defer a.persistAudit(ad.Store().DB())()
+	a.warnUnservableRoles(ad.Backend())
 
 	// Static upstreams, simulated instances (the built-in demo model, one
 	// server per role) and, in dev mode, the demo model for every role
@@ -559,6 +571,23 @@ func moveChanges(applied, restart []string, now func(string) bool) ([]string, []
 		}
 	}
 	return applied, kept
+}
+
+// warnUnservableRoles logs the roles nothing can ever serve, with the
+// run-time overrides (an `infermesh allow`, a node add) in force. In dev
+// mode the demo model serves them.
+func (a *Agent) warnUnservableRoles(b *Backend) {
+	if a.opts.DevModel != nil {
+		return
+	}
+	p, err := b.policy()
+	if err != nil {
+		a.log.Warn("reading the run-time policy", zap.Error(err))
+		return
+	}
+	for _, w := range a.cfg.unservableRoles(p.accept, true) {
+		a.log.Warn(w)
+	}
 }
 
 // startDevModel starts the dev model, named after the first role (in name

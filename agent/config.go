@@ -348,9 +348,14 @@ const (
 type FieldError struct {
 	Field string
 	Msg   string
+
+	cause error // what Msg says, when it came from elsewhere (a file's read)
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap returns the error the message reports, if any.
+func (e *FieldError) Unwrap() error { return e.cause }
 
 func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
