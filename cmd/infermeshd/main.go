@@ -87,7 +87,7 @@ func newFlags() (*flag.FlagSet, *options) {
 	fs.SetOutput(io.Discard) // run reports errors and prints the usage itself
 	fs.Usage = func() {}
 	fs.StringVar(&o.configPath, "config", "/etc/infermesh/infermesh.yaml", "read the configuration from `FILE`")
-	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field) and exit: 0 when the agent would start with it, 78 when not")
+	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field, the admission certificate against trust.authority, node.name and the node key), print its warnings and exit: 0 when the agent would start with it, 78 when not")
 	fs.StringVar(&o.logLevel, "log-level", "", "override log.level: debug, info, warn or error")
 	fs.BoolVar(&o.keygen, "keygen", false, "create the node key in node.state_dir of --config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
 	fs.BoolVar(&o.resetState, "reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
@@ -119,12 +119,7 @@ func run(args []string) error {
 		if o.dev {
 			return usageError(errors.New("--validate checks --config; --dev has no config file"))
 		}
-		cfg, err := agent.LoadConfig(o.configPath)
-		if err != nil {
-			return configError(err)
-		}
-		fmt.Printf("%s: valid (node %s, site %s, %d roles)\n", o.configPath, cfg.Node.Name, cfg.Site, len(cfg.Roles))
-		return nil
+		return validateConfig(o.configPath)
 	}
 
 	if o.keygen {
@@ -231,8 +226,37 @@ func run(args []string) error {
 		}()
 	}
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		if fe := (*agent.FieldError)(nil); errors.As(err, &fe) {
+			return configError(err) // what --validate refuses (the certificate)
+		}
 		return err
 	}
+	return nil
+}
+
+// validateConfig is --validate: the config loads, and its checks against
+// the state dir pass (Preflight); the warnings go to stderr.
+func validateConfig(path string) error {
+	cfg, err := agent.LoadConfig(path)
+	if err != nil {
+		return configError(err)
+	}
+	warnings, err := cfg.Preflight(time.Now())
+	if err != nil {
+		return configError(fmt.Errorf("config %s: %w", path, err))
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(os.Stderr, "infermeshd: warning:", w)
+	}
+	more := ""
+	switch len(warnings) {
+	case 0:
+	case 1:
+		more = "; 1 warning on stderr"
+	default:
+		more = fmt.Sprintf("; %d warnings on stderr", len(warnings))
+	}
+	fmt.Printf("%s: valid (node %s, site %s, %d roles)%s\n", path, cfg.Node.Name, cfg.Site, len(cfg.Roles), more)
 	return nil
 }
 
