@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
@@ -67,7 +68,7 @@ func (f *certFixture) config(t *testing.T, mesh bool, trust string) *Config {
 	t.Helper()
 	m := ""
 	if mesh {
-		m = "mesh: {bind: '127.0.0.1:7946', quic: '127.0.0.1:7947'}\n"
+		m = fmt.Sprintf("mesh: {bind: '127.0.0.1:%d', quic: '127.0.0.1:%d'}\n", testnet.TCPUDPPort(t, "127.0.0.1"), testnet.UDPPort(t, "127.0.0.1"))
 	}
 	cfg, err := ParseConfig([]byte(fmt.Sprintf("node: {name: a, state_dir: %s}\n%strust: %s\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:9'}\n",
 		f.state, m, trust)))
@@ -216,7 +217,14 @@ func TestRunRefusesACertificateOfAnotherAuthority(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = a.Run(t.Context())
+	// An agent that starts runs until the context ends: the bound only
+	// stops it, it is no measure.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Run started the agent (and returned %v when stopped); want it refused", err)
+	}
 	if fe := (*FieldError)(nil); !errors.As(err, &fe) || fe.Field != "trust.certificate" {
 		t.Fatalf("Run = %v, want a *FieldError for trust.certificate", err)
 	}
