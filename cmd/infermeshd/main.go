@@ -87,7 +87,7 @@ func newFlags() (*flag.FlagSet, *options) {
 	fs.SetOutput(io.Discard) // run reports errors and prints the usage itself
 	fs.Usage = func() {}
 	fs.StringVar(&o.configPath, "config", "/etc/infermesh/infermesh.yaml", "read the configuration from `FILE`")
-	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field, the admission certificate against trust.authority, node.name and the node key), print its warnings and exit: 0 when the agent would start with it, 78 when not")
+	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field; with a mesh the gossip keyring; the admission certificate against trust.authority, node.name and the node key), print its warnings and exit: 0 when the agent would start with it, 78 when not")
 	fs.StringVar(&o.logLevel, "log-level", "", "override log.level: debug, info, warn or error")
 	fs.BoolVar(&o.keygen, "keygen", false, "create the node key in node.state_dir of --config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
 	fs.BoolVar(&o.resetState, "reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
