@@ -39,7 +39,8 @@ type Options struct {
 	// built-in demo model, so the agent itself does not link it.
 	DevModel DevModel
 	// Simulated serves the roles whose instance is runtime simulated, one
-	// server per role, named after the role's model (else "demo").
+	// server per role, named after the role's model (Validate makes it
+	// SimulatedModel when the config names none).
 	// cmd/infermeshd passes the built-in demo model, as for DevModel. Nil:
 	// such a role fails Run, naming it.
 	Simulated DevModel
@@ -265,6 +266,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.checkIdentity(); err != nil {
 		return err
 	}
+	// What infermeshd --validate refuses, Run refuses: a certificate no peer
+	// of this trust would admit is a config error, not a silent start
+	// unadmitted. The checks it could not make are logged; an expiry, the
+	// mesh logs itself.
+	_, notes, err := a.cfg.checkCertificate()
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		a.log.Warn(n)
+	}
 	// The mesh first: it owns the node key, and the admin backend reports
 	// on it. Nothing is admitted until it is set into the table's
 	// admission.
@@ -322,6 +334,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	// The audit history survives restarts; saved before the store closes.
 	defer a.persistAudit(ad.Store().DB())()
+	a.warnUnservableRoles(ad.Backend())
 
 	// Static upstreams, simulated instances (the built-in demo model, one
 	// server per role) and, in dev mode, the demo model for every role
@@ -334,7 +347,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.opts.Simulated == nil {
 				return fmt.Errorf("roles.%s.instance.runtime: simulated: this agent has no built-in demo model", name)
 			}
-			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, "demo"))
+			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, SimulatedModel))
 			if err != nil {
 				return fmt.Errorf("roles.%s.instance: %w", name, err)
 			}
@@ -558,6 +571,23 @@ func moveChanges(applied, restart []string, now func(string) bool) ([]string, []
 		}
 	}
 	return applied, kept
+}
+
+// warnUnservableRoles logs the roles nothing can ever serve, with the
+// run-time overrides (an `infermesh allow`, a node add) in force. In dev
+// mode the demo model serves them.
+func (a *Agent) warnUnservableRoles(b *Backend) {
+	if a.opts.DevModel != nil {
+		return
+	}
+	p, err := b.policy()
+	if err != nil {
+		a.log.Warn("reading the run-time policy", zap.Error(err))
+		return
+	}
+	for _, w := range a.cfg.unservableRoles(p.accept, true) {
+		a.log.Warn(w)
+	}
 }
 
 // startDevModel starts the dev model, named after the first role (in name

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -208,6 +207,7 @@ type RoleConfig struct {
 	// Upstream is a static local instance, http://<loopback>:<port>.
 	Upstream string `yaml:"upstream"`
 	// Model is the model the instance knows; requests are pinned to it.
+	// Default for a simulated instance: SimulatedModel.
 	Model string `yaml:"model"`
 	// Expose allows the role to leave loopback at all (serve to peers).
 	Expose bool `yaml:"expose"`
@@ -337,6 +337,9 @@ const (
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second
 	defaultHealthPeriod = 2 * time.Second
+	// SimulatedModel is the model of a simulated instance whose role names
+	// none: the built-in demo model's own name.
+	SimulatedModel = "demo"
 	// defaultStartupTimeout is provision's ReadyTimeout default.
 	defaultStartupTimeout = 2 * time.Minute
 )
@@ -345,9 +348,14 @@ const (
 type FieldError struct {
 	Field string
 	Msg   string
+
+	cause error // what Msg says, when it came from elsewhere (a file's read)
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap returns the error the message reports, if any.
+func (e *FieldError) Unwrap() error { return e.cause }
 
 func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
@@ -367,13 +375,11 @@ func LoadConfig(path string) (*Config, error) {
 	return cfg, nil
 }
 
-var yamlFieldNotFound = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
-
 // ParseConfig strictly decodes, defaults and validates YAML config data.
 func ParseConfig(data []byte) (*Config, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, err
+		return nil, syntaxError(data, err)
 	}
 	if err := checkKeys(&doc, reflect.TypeFor[Config]()); err != nil {
 		return nil, err
@@ -388,22 +394,6 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-func friendlyYAMLError(err error) error {
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		msgs := make([]string, 0, len(te.Errors))
-		for _, e := range te.Errors {
-			if m := yamlFieldNotFound.FindStringSubmatch(e); m != nil {
-				msgs = append(msgs, fmt.Sprintf("line %s: unknown key %q", m[1], m[2]))
-				continue
-			}
-			msgs = append(msgs, e)
-		}
-		return errors.New(strings.Join(msgs, "; "))
-	}
-	return err
 }
 
 // DevConfig is the configuration of `infermeshd -dev`: one node, no mesh,
@@ -525,6 +515,11 @@ func (c *Config) Validate() error {
 		if r.Instance != nil {
 			if err := r.Instance.validate(f + ".instance"); err != nil {
 				return err
+			}
+			if r.Instance.Runtime == provision.RuntimeSimulated && r.Model == "" {
+				// The role pins requests to the model its instance knows:
+				// without a model named, both are the demo model's own.
+				r.Model = SimulatedModel
 			}
 		}
 		for i, n := range r.ServeTo {
@@ -767,16 +762,28 @@ func (in *InstanceConfig) validate(f string) error {
 func validNodeName(n string) error { return placement.ValidateNode(n) }
 
 // loopbackBase checks that s is http://<loopback IP or localhost>:<port>.
+// Its errors say what is wrong and what is wanted, not the URL parser's
+// words.
 func loopbackBase(s string) error {
+	const want = "want http://<loopback address>:<port>, e.g. http://127.0.0.1:8081"
+	if !strings.Contains(s, "://") {
+		if _, _, err := net.SplitHostPort(s); err == nil {
+			return fmt.Errorf("%q has no scheme: write %q", s, "http://"+s)
+		}
+		return fmt.Errorf("%q is not a URL: %s", s, want)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return err
+		return fmt.Errorf("%q is not a URL: %s", s, want)
 	}
 	if u.Scheme != "http" {
-		return fmt.Errorf("%q must use http://", s)
+		return fmt.Errorf("%q must use http:// (the agent talks plain HTTP to an instance on loopback)", s)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return fmt.Errorf("%q must not have a path", s)
+		return fmt.Errorf("%q must not have a path (the agent adds /v1/...): %s", s, want)
+	}
+	if u.Port() == "" {
+		return fmt.Errorf("%q has no port: %s", s, want)
 	}
 	if !loopbackHostPort(u.Host) {
 		return fmt.Errorf("%q is not a loopback address with a port", s)

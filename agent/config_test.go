@@ -120,8 +120,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"instance port required", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {image: x}}\n", "roles.chat.instance.port: is required"},
 		{"shared port off loopback", "node: {name: a}\nproxy: {listen: '0.0.0.0:8080'}\n", "proxy.listen"},
 		{"shared port is a role port", "node: {name: a}\nproxy: {listen: '127.0.0.1:8080'}\nroles:\n  chat: {port: 8080}\n", "roles.chat.port: 8080 is already used by proxy.listen"},
-		{"bad gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: some}}\n", `gpus "some" is not all, a count or a list of device ids`},
-		{"zero gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: 0}}\n", `gpus "0"`},
+		{"bad gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: some}}\n", `roles.c.instance.gpus: "some" is not all, a count or a list of device ids`},
+		{"zero gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: 0}}\n", `gpus: "0"`},
 		{"bad size", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, shm_size: lots}}\n", `"lots" is not a size`},
 		{"native with gpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {runtime: native, command: /bin/x, port: 1, gpus: all}}\n", "roles.c.instance.gpus: is not used by runtime native"},
 		{"negative cpus", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, cpus: -1}}\n", "roles.c.instance.cpus"},
@@ -157,7 +157,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "set admin.metrics_allow_remote: true"},
 		{"remote metrics not host:port", "node: {name: a}\nadmin: {metrics: 'nope', metrics_allow_remote: true}\n", "admin.metrics"},
 		{"bad node name", "node: {name: '-x'}\n", "node.name"},
-		{"not yaml", "node: [\n", "yaml"},
+		{"not yaml", "node: [\n", "not valid YAML"},
 		{"unknown runtime", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: futureRuntime, image: x, port: 1}}\n", `roles.chat.instance.runtime: "futureRuntime" is not docker, native or simulated`},
 		{"native without command", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, port: 1}}\n", "roles.chat.instance.command: is required"},
 		{"native relative command", "node: {name: a}\nroles:\n  chat: {port: 1, instance: {runtime: native, command: llama-server, port: 1}}\n", "roles.chat.instance.command"},
@@ -175,6 +175,87 @@ func TestParseConfigErrors(t *testing.T) {
 			_, err := ParseConfig([]byte(tt.yaml))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("ParseConfig error = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseConfigErrorMessages: a bad config is refused with a message
+// that names the line and the field by its full path, says what is wrong
+// and what is wanted; the YAML library's own words never reach the
+// operator without them. Each message is the exact one wanted.
+func TestParseConfigErrorMessages(t *testing.T) {
+	const head = "node: {name: a}\nroles:\n  chat:\n    port: 1\n"
+	tests := []struct {
+		name, yaml, want string
+	}{
+		// A value of the wrong type names the field, not a Go type.
+		{"string for an integer", "node: {name: a}\nroles:\n  chat:\n    port: abc\n",
+			`line 4: roles.chat.port: "abc" is not a whole number`},
+		{"fraction for an integer", "node: {name: a}\nroles:\n  chat:\n    port: 28100.5\n",
+			`line 4: roles.chat.port: 28100.5 is not a whole number`},
+		{"exponent for an integer", "node: {name: a}\nroles:\n  chat: {port: 1e3}\n",
+			`line 3: roles.chat.port: 1e3 has a fraction or an exponent; write the whole number 1000`},
+		{"integer out of range", "node: {name: a}\nproxy: {max_body_bytes: 9223372036854775808}\n",
+			`line 2: proxy.max_body_bytes: 9223372036854775808 is out of range`},
+		{"quoted integer", "node: {name: a}\nroles:\n  chat:\n    port: '8080'\n",
+			`line 4: roles.chat.port: "8080" is quoted, which makes it a string; write it without quotes`},
+		{"string for a bool", head + "    expose: maybe\n",
+			`line 5: roles.chat.expose: "maybe" is not true or false`},
+		{"number for a bool", head + "    expose: 1\n",
+			`line 5: roles.chat.expose: 1 is not true or false`},
+		{"list for a string", head + "    model: [a, b]\n",
+			`line 5: roles.chat.model: want a string, got a list`},
+		{"scalar for a list", head + "    serve_to: b\n",
+			`line 5: roles.chat.serve_to: want a list ([a, b] or one "- item" line each), got "b"`},
+		{"scalar for a section", "node: a\n",
+			`line 1: node: want a section of keys (key: value lines), got "a"`},
+		{"list for the roles", "node: {name: a}\nroles: [chat]\n",
+			`line 2: roles: want a mapping (name: value, ...), got a list`},
+		{"string for a float", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, cpus: many}}\n",
+			`line 3: roles.c.instance.cpus: "many" is not a number`},
+		{"bad duration", "node: {name: a}\nproxy: {connect_timeout: soon}\n",
+			`line 2: proxy.connect_timeout: "soon" is not a duration (e.g. 5s, 500ms, 2m)`},
+		{"bad size", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, memory: lots}}\n",
+			`line 3: roles.c.instance.memory: "lots" is not a size (e.g. 512m, 8g)`},
+		{"bad gpu id", "node: {name: a}\nroles:\n  c: {port: 1, instance: {image: x, port: 1, gpus: [0, '']}}\n",
+			`line 3: roles.c.instance.gpus: "" (item 1) is not a device id`},
+		{"every type error at once", "node: {name: a}\nproxy: {max_conns: x, server: [a]}\n",
+			`line 2: proxy.max_conns: "x" is not a whole number; line 2: proxy.server: want a string, got a list`},
+		{"key given twice", head + "    port: 2\n",
+			`line 5: roles.chat.port: set twice (first on line 4)`},
+		{"role given twice", "node: {name: a}\nroles:\n  chat: {port: 1}\n  chat: {port: 2}\n",
+			`line 4: roles.chat: set twice (first on line 3)`},
+
+		// A syntax error names the line it is on, not where its block began.
+		{"key indented too little", head + "   upstream: x\n",
+			`line 5 ("   upstream: x"): not valid YAML: did not find expected key (check its indentation: a key lines up with the other keys of its section)`},
+		{"key indented too far", head + "      upstream: x\n",
+			`line 5 ("      upstream: x"): not valid YAML: mapping values are not allowed in this context (check its indentation: a key lines up with the other keys of its section)`},
+		{"tab", head + "\tupstream: x\n",
+			`line 5 ("\tupstream: x"): not valid YAML: found a tab character that violates indentation (indent with spaces, not tabs)`},
+		{"unterminated quote", "node: {name: a}\nsite: 'lab\nroles: {}\n",
+			`line 2 ("site: 'lab"): not valid YAML: found unexpected end of stream`},
+		{"unterminated flow", "node: {name: a\nsite: lab\n",
+			`line 1 ("node: {name: a"): not valid YAML: did not find expected ',' or '}'`},
+
+		// An upstream that is not a URL says what is missing.
+		{"upstream without a scheme", head + "    upstream: 127.0.0.1:8081\n",
+			`roles.chat.upstream: "127.0.0.1:8081" has no scheme: write "http://127.0.0.1:8081"`},
+		{"upstream name without a scheme", head + "    upstream: localhost:8081\n",
+			`roles.chat.upstream: "localhost:8081" has no scheme: write "http://localhost:8081"`},
+		{"upstream not a URL", head + "    upstream: 'http://127.0.0.1:80 80'\n",
+			`roles.chat.upstream: "http://127.0.0.1:80 80" is not a URL: want http://<loopback address>:<port>, e.g. http://127.0.0.1:8081`},
+		{"upstream nothing like a URL", head + "    upstream: llama\n",
+			`roles.chat.upstream: "llama" is not a URL: want http://<loopback address>:<port>, e.g. http://127.0.0.1:8081`},
+		{"upstream without a port", head + "    upstream: http://127.0.0.1\n",
+			`roles.chat.upstream: "http://127.0.0.1" has no port: want http://<loopback address>:<port>, e.g. http://127.0.0.1:8081`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tt.yaml))
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("ParseConfig(%q) error =\n  %v\nwant\n  %s", tt.yaml, err, tt.want)
 			}
 		})
 	}

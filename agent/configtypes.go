@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,25 +22,25 @@ func (g *GPUs) UnmarshalYAML(n *yaml.Node) error {
 		v := strings.TrimSpace(n.Value)
 		if v != "all" && v != "" {
 			if c, err := strconv.Atoi(v); err != nil || c < 1 {
-				return fmt.Errorf("line %d: gpus %q is not all, a count or a list of device ids", n.Line, n.Value)
+				return fmt.Errorf("%q is not all, a count or a list of device ids", n.Value)
 			}
 		}
 		*g = GPUs(v)
 	case yaml.SequenceNode:
 		ids := make([]string, 0, len(n.Content))
-		for _, c := range n.Content {
+		for i, c := range n.Content {
 			id := strings.TrimSpace(c.Value)
 			if c.Kind != yaml.ScalarNode || id == "" || strings.Contains(id, ",") {
-				return fmt.Errorf("line %d: gpus: %q is not a device id", c.Line, c.Value)
+				return fmt.Errorf("%q (item %d) is not a device id", c.Value, i)
 			}
 			ids = append(ids, id)
 		}
 		if len(ids) == 0 {
-			return fmt.Errorf("line %d: gpus: an empty list (omit gpus for none)", n.Line)
+			return errors.New("an empty list (omit gpus for none)")
 		}
 		*g = GPUs(strings.Join(ids, ","))
 	default:
-		return fmt.Errorf("line %d: gpus is not all, a count or a list of device ids", n.Line)
+		return errors.New("want all, a count or a list of device ids")
 	}
 	return nil
 }
@@ -51,11 +52,11 @@ type ByteSize int64
 // UnmarshalYAML parses a size.
 func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: %q is not a size", n.Line, n.Value)
+		return errors.New("want a size (e.g. 512m, 8g), not a section or a list")
 	}
 	v, err := units.RAMInBytes(strings.TrimSpace(n.Value))
 	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: %q is not a size (e.g. 512m, 8g)", n.Line, n.Value)
+		return fmt.Errorf("%q is not a size (e.g. 512m, 8g)", n.Value)
 	}
 	*b = ByteSize(v)
 	return nil

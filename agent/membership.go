@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -52,27 +50,6 @@ func (c *Config) MeshTrust() (mesh.TrustConfig, error) {
 	return t, nil
 }
 
-// certificateText returns this node's admission certificate: the value
-// itself, or the contents of the file it names (relative to the state dir).
-func (c *Config) certificateText() (string, error) {
-	v := strings.TrimSpace(c.Trust.Certificate)
-	if v == "" {
-		return "", nil
-	}
-	if _, err := identity.ParseCertificate(v); err == nil {
-		return v, nil
-	}
-	p := v
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(c.Node.StateDir, p)
-	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return "", fieldErr("trust.certificate", "neither a certificate nor a readable file: %v", err)
-	}
-	return strings.TrimSpace(string(b)), nil
-}
-
 // startMesh creates the node's mesh membership and starts joining in the
 // background. It returns nil, nil when no mesh is configured.
 func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
@@ -85,7 +62,7 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	cert, err := a.cfg.certificateText()
+	cert, err := a.cfg.ownCertificate() // checked at the start of Run
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +79,9 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	cfg.QUICAddr = quicAdv
 	cfg.Join = mc.Join
 	cfg.KeyringPath = mc.GossipKeyring
-	cfg.Certificate = cert
+	if cert != nil {
+		cfg.Certificate = cert.String()
+	}
 	cfg.Trust = trust
 	cfg.AdvertTTL = mc.AdvertTTL
 	cfg.Sink = a.table

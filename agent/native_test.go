@@ -3,11 +3,14 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -340,6 +343,59 @@ roles:
 	}
 	if _, err := os.Stat(filepath.Join(dir, "sites")); !os.IsNotExist(err) {
 		t.Errorf("a simulated instance made a site root: %v", err)
+	}
+}
+
+// TestSimulatedInstanceWithoutModel: `instance: {runtime: simulated}` with
+// no model, as the README shows it, serves every name the role port lists
+// in /v1/models, and the demo model's own name: the role's model and the
+// simulated instance's are the same ("demo").
+func TestSimulatedInstanceWithoutModel(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`node: {name: a, state_dir: %s, cache_dir: %s/cache}
+admin: {socket: %s/admin.sock}
+roles:
+  sim: {port: %d, instance: {runtime: simulated}}
+`, dir, dir, dir, testnet.TCPPort(t, "127.0.0.1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := runAgent(t, cfg, Options{Simulated: demoDevModel})
+	waitFor(t, "the simulated instance to register", func() bool { return len(a.Table().Resolve("sim")) == 1 })
+	addr, _ := a.RoleAddr("sim")
+	base := "http://" + addr.String()
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{}
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if want := []string{"sim", "demo"}; !slices.Equal(ids, want) {
+		t.Errorf("/v1/models lists %v, want %v", ids, want)
+	}
+	for _, model := range append(ids, "demo") {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"model":"`+model+`"`) {
+			t.Errorf("model %q: %s %s, want 200 answered as %q", model, resp.Status, body, model)
+		}
 	}
 }
 

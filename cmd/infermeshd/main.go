@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -64,50 +65,70 @@ func main() {
 	}
 }
 
-func run(args []string) error {
+// options are the daemon's command line.
+type options struct {
+	configPath  string
+	dev         bool
+	devDelay    time.Duration
+	devPort     int
+	logLevel    string
+	version     bool
+	validate    bool
+	keygen      bool
+	resetState  bool
+	newIdentity bool
+}
+
+// newFlags defines the command line. Every flag is in one of flagGroups
+// (usage.go), which --help prints.
+func newFlags() (*flag.FlagSet, *options) {
+	var o options
 	fs := flag.NewFlagSet("infermeshd", flag.ContinueOnError)
-	configPath := fs.String("config", "/etc/infermesh/infermesh.yaml", "configuration file")
-	dev := fs.Bool("dev", false, "development mode: one node, the built-in demo model as role chat on 127.0.0.1:18080, state in a temp dir")
-	devDelay := fs.Duration("dev-token-delay", 30*time.Millisecond, "dev mode: delay between streamed demo tokens")
-	devPort := fs.Int("dev-port", 18080, "dev mode: the loopback port of role chat")
-	logLevel := fs.String("log-level", "", "override log.level (debug, info, warn, error)")
-	version := fs.Bool("version", false, "print the version and exit")
-	validate := fs.Bool("validate", false, "check -config (strict decoding, every field) and exit: 0 when the agent would start with it, 78 when not")
-	keygen := fs.Bool("keygen", false, "create the node key in node.state_dir of -config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
-	resetState := fs.Bool("reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
-	newIdentity := fs.Bool("new-identity", false, "make a new node key where it is missing on a node that ran before (its peers must then trust the new public key)")
+	fs.SetOutput(io.Discard) // run reports errors and prints the usage itself
+	fs.Usage = func() {}
+	fs.StringVar(&o.configPath, "config", "/etc/infermesh/infermesh.yaml", "read the configuration from `FILE`")
+	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field; with a mesh the gossip keyring; the admission certificate against trust.authority, node.name and the node key), print its warnings and exit: 0 when the agent would start with it, 78 when not")
+	fs.StringVar(&o.logLevel, "log-level", "", "override log.level: debug, info, warn or error")
+	fs.BoolVar(&o.keygen, "keygen", false, "create the node key in node.state_dir of --config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")
+	fs.BoolVar(&o.resetState, "reset-state", false, "start over with a state store that is damaged, gone or disagrees with its policy mirror: the damaged files are kept aside (*.bad-<time>) and the run-time overrides restored from the mirror when it verifies")
+	fs.BoolVar(&o.newIdentity, "new-identity", false, "make a new node key where it is missing on a node that ran before (its peers must then trust the new public key)")
+	fs.BoolVar(&o.dev, "dev", false, "development mode: one node, the built-in demo model as role chat on 127.0.0.1:18080, state in a temporary directory")
+	fs.IntVar(&o.devPort, "dev-port", 18080, "dev mode: the loopback `PORT` of role chat")
+	fs.DurationVar(&o.devDelay, "dev-token-delay", 30*time.Millisecond, "dev mode: the `DELAY` between streamed demo tokens")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	return fs, &o
+}
+
+func run(args []string) error {
+	fs, o := newFlags()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			writeUsage(os.Stdout, fs)
 			return err
 		}
-		return usageError(err)
+		return usageError(fmt.Errorf("%w (infermeshd --help lists the flags)", err))
 	}
 	if fs.NArg() > 0 {
-		return usageError(fmt.Errorf("unexpected argument %q (every option is a -flag)", fs.Arg(0)))
+		return usageError(fmt.Errorf("unexpected argument %q: every option is a flag (infermeshd --help lists them)", fs.Arg(0)))
 	}
-	if *version {
+	if o.version {
 		fmt.Println("infermeshd", agent.Version)
 		return nil
 	}
-	if *validate {
-		if *dev {
-			return usageError(errors.New("-validate checks -config; -dev has no config file"))
+	if o.validate {
+		if o.dev {
+			return usageError(errors.New("--validate checks --config; --dev has no config file"))
 		}
-		cfg, err := agent.LoadConfig(*configPath)
-		if err != nil {
-			return configError(err)
-		}
-		fmt.Printf("%s: valid (node %s, site %s, %d roles)\n", *configPath, cfg.Node.Name, cfg.Site, len(cfg.Roles))
-		return nil
+		return validateConfig(o.configPath)
 	}
 
-	if *keygen {
-		return printNodeKey(*configPath)
+	if o.keygen {
+		return printNodeKey(o.configPath)
 	}
 
 	var cfg *agent.Config
 	var err error
-	if *dev {
+	if o.dev {
 		dir, err := os.MkdirTemp("", "infermesh-dev-")
 		if err != nil {
 			return err
@@ -117,18 +138,18 @@ func run(args []string) error {
 			return err
 		}
 		chat := cfg.Roles["chat"]
-		chat.Port = *devPort
+		chat.Port = o.devPort
 		cfg.Roles["chat"] = chat
 		if err := cfg.Validate(); err != nil {
-			return usageError(fmt.Errorf("-dev-port: %w", err))
+			return usageError(fmt.Errorf("--dev-port: %w", err))
 		}
 	} else {
-		if cfg, err = agent.LoadConfig(*configPath); err != nil {
+		if cfg, err = agent.LoadConfig(o.configPath); err != nil {
 			return configError(err)
 		}
 	}
-	if *logLevel != "" {
-		cfg.Log.Level = *logLevel
+	if o.logLevel != "" {
+		cfg.Log.Level = o.logLevel
 	}
 	log, err := newLogger(cfg.Log, isTerminal(os.Stderr))
 	if err != nil {
@@ -155,9 +176,9 @@ func run(args []string) error {
 		}
 		sdNotify(state)
 	}
-	opts := agent.Options{Logger: log, Notify: notify, Listen: fds.listen, Simulated: demo(0), ResetState: *resetState, NewIdentity: *newIdentity}
-	if *dev {
-		opts.DevModel = demo(*devDelay)
+	opts := agent.Options{Logger: log, Notify: notify, Listen: fds.listen, Simulated: demo(0), ResetState: o.resetState, NewIdentity: o.newIdentity}
+	if o.dev {
+		opts.DevModel = demo(o.devDelay)
 		opts.OnAdminReady = func(socket string) {
 			fmt.Fprintf(os.Stderr, "\nadmin socket: %s\n  export INFERMESH_SOCKET=%s\n", socket, socket)
 		}
@@ -179,7 +200,7 @@ func run(args []string) error {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				if *dev {
+				if o.dev {
 					log.Info("SIGHUP ignored in dev mode (no config file)")
 					continue
 				}
@@ -192,7 +213,7 @@ func run(args []string) error {
 			}
 		}
 	}()
-	if *dev {
+	if o.dev {
 		go func() {
 			// Print the try-it line once the role port is bound.
 			for ctx.Err() == nil {
@@ -205,8 +226,37 @@ func run(args []string) error {
 		}()
 	}
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		if fe := (*agent.FieldError)(nil); errors.As(err, &fe) {
+			return configError(err) // what --validate refuses (the certificate)
+		}
 		return err
 	}
+	return nil
+}
+
+// validateConfig is --validate: the config loads, and its checks against
+// the state dir pass (Preflight); the warnings go to stderr.
+func validateConfig(path string) error {
+	cfg, err := agent.LoadConfig(path)
+	if err != nil {
+		return configError(err)
+	}
+	warnings, err := cfg.Preflight(time.Now())
+	if err != nil {
+		return configError(fmt.Errorf("config %s: %w", path, err))
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(os.Stderr, "infermeshd: warning:", w)
+	}
+	more := ""
+	switch len(warnings) {
+	case 0:
+	case 1:
+		more = "; 1 warning on stderr"
+	default:
+		more = fmt.Sprintf("; %d warnings on stderr", len(warnings))
+	}
+	fmt.Printf("%s: valid (node %s, site %s, %d roles)%s\n", path, cfg.Node.Name, cfg.Site, len(cfg.Roles), more)
 	return nil
 }
 
