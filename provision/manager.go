@@ -185,6 +185,7 @@ const (
 	StateRestarting InstanceState = "restarting" // exited or gave no answer; restart pending (backoff)
 	StateError      InstanceState = "error"      // the runtime failed (e.g. daemon unreachable); retrying
 	StateFailed     InstanceState = "failed"     // over its restart policy; given up
+	StateStopped    InstanceState = "stopped"    // stopped by the operator; kept stopped until Retry
 	StateRemoving   InstanceState = "removing"   // role removed; container being stopped
 )
 
@@ -564,15 +565,16 @@ var (
 	// ErrNoInstance: the role has no managed instance (or it is being
 	// removed).
 	ErrNoInstance = errors.New("no managed instance for the role")
-	// ErrNotFailed: the instance is not in StateFailed; it is supervised.
+	// ErrNotFailed: the instance is neither given up (StateFailed) nor
+	// stopped (StateStopped); it is supervised.
 	ErrNotFailed = errors.New("instance has not failed")
 )
 
-// Retry tries a failed instance afresh: a new supervisor with a fresh
-// restart policy takes over its container (same attempt: the stopped
+// Retry tries a failed or stopped instance afresh: a new supervisor with a
+// fresh restart policy takes over its container (same attempt: the stopped
 // container is started again, not recreated). Only an instance that gave up
-// (StateFailed) can be retried; a supervised one already restarts within
-// its policy.
+// (StateFailed) or that the operator stopped (StateStopped) can be retried;
+// a supervised one already restarts within its policy.
 func (m *Manager) Retry(role string) error {
 	m.mu.Lock()
 	in, err := m.supervisedLocked(role)
@@ -580,7 +582,7 @@ func (m *Manager) Retry(role string) error {
 		m.mu.Unlock()
 		return err
 	}
-	if st := in.status().State; st != StateFailed {
+	if st := in.status().State; st != StateFailed && st != StateStopped {
 		m.mu.Unlock()
 		return fmt.Errorf("role %q is %s: %w", role, st, ErrNotFailed)
 	}

@@ -250,7 +250,7 @@ func (f *Fake) StopInstance(_ context.Context, by admin.Caller, role string) (ad
 		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
 	}
 	f.record(by, "instance-stop %s", role)
-	return admin.Instance{Role: "embed", State: "failed", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
+	return admin.Instance{Role: "embed", State: "stopped", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
 		LastError: "stopped by the operator; `infermesh instances retry ROLE` starts it again"}, nil
 }
 
