@@ -69,9 +69,13 @@ func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 		if err == nil {
 			return conn, nil
 		}
+		if errors.Is(err, fs.ErrPermission) {
+			// The kernel refused: the agent may well be running.
+			return nil, refused(c.path, err)
+		}
 		retry := errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EAGAIN)
 		if !retry || time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %s: %w (is infermeshd running? use --socket or INFERMESH_SOCKET)", ErrUnreachable, c.path, err)
+			return nil, unreachable(c.path, err)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
