@@ -214,9 +214,16 @@ func (c *Client) ResetPolicy(ctx context.Context, f PolicyFilter) (ResetResult, 
 	return post[ResetResult](ctx, c, "/v0/policy/reset", f)
 }
 
-// Keyring is GET /v0/keyring.
+// Keyring is GET /v0/keyring: the keys by fingerprint (GossipKey.Key is
+// empty).
 func (c *Client) Keyring(ctx context.Context) (Keyring, error) {
 	return get[Keyring](ctx, c, "/v0/keyring")
+}
+
+// KeyringSecrets is GET /v0/keyring?secrets=true: the keys themselves as
+// well, for callers that may change things (others get ErrForbidden).
+func (c *Client) KeyringSecrets(ctx context.Context) (Keyring, error) {
+	return get[Keyring](ctx, c, "/v0/keyring?secrets=true")
 }
 
 // ChangeKeyring is POST /v0/keyring/{op}.

@@ -4,7 +4,9 @@
 // Who may do what is decided per connection from the kernel's peer
 // credentials (SO_PEERCRED): root, the agent's own user and members of the
 // configured admin group may change things; every other local user may
-// only read (and sees no gossip key). Requests carrying Origin or Referer,
+// only read. Gossip keys are named by fingerprint: the keys themselves are
+// sent only when asked for (GET /v0/keyring?secrets=true), and only to
+// callers that may change things. Requests carrying Origin or Referer,
 // or a Host other than the socket's fixed name, are refused, so a browser
 // tricked into talking to the socket gets nothing.
 package admin
@@ -157,9 +159,31 @@ func (s *Server) routes() http.Handler {
 		}
 	})
 	read("/v0/keyring", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		// The keys themselves only when asked (?secrets=true), and only
+		// to callers that may change things; fingerprints name them
+		// everywhere else.
+		secrets := false
+		if v := r.URL.Query().Get("secrets"); v != "" {
+			var err error
+			if secrets, err = strconv.ParseBool(v); err != nil {
+				writeError(w, Errorf(ErrInvalid, "secrets=%q is not a boolean", v))
+				return
+			}
+		}
+		if secrets && !c.Write {
+			why := fmt.Sprintf("uid %d may not read the gossip keys themselves; that needs root, uid %d%s", c.UID, s.agentUID, s.groupHint())
+			if s.cfg.OnRefused != nil {
+				s.cfg.OnRefused(c, r.Method, r.URL.Path+"?secrets=true", why)
+			}
+			writeError(w, Errorf(ErrForbidden, "permission denied: %s", why))
+			return
+		}
 		reply(w, r, func(ctx context.Context) (Keyring, error) {
 			k, err := b.Keyring(ctx)
-			return redact(k, c), err
+			if !secrets {
+				k = redact(k)
+			}
+			return k, err
 		})
 	})
 	write("/v0/keyring/{op}", func(w http.ResponseWriter, r *http.Request, c Caller) {
@@ -174,7 +198,10 @@ func (s *Server) routes() http.Handler {
 			writeError(w, Errorf(ErrNotFound, "keyring operation %q is not install, use, remove or rotate", kc.Op))
 			return
 		}
-		reply(w, r, func(ctx context.Context) (Keyring, error) { return b.ChangeKeyring(ctx, c, kc) })
+		reply(w, r, func(ctx context.Context) (Keyring, error) {
+			k, err := b.ChangeKeyring(ctx, c, kc)
+			return redact(k), err // the caller sent the key; it is not sent back
+		})
 	})
 	read("/v0/events", s.events)
 	write("/v0/reload", func(w http.ResponseWriter, r *http.Request, c Caller) {
@@ -265,10 +292,8 @@ func (s *Server) groupHint() string {
 	return " or group " + s.cfg.Group
 }
 
-func redact(k Keyring, c Caller) Keyring {
-	if c.Write {
-		return k
-	}
+// redact drops the keys themselves, keeping their fingerprints.
+func redact(k Keyring) Keyring {
 	keys := make([]GossipKey, len(k.Keys))
 	for i, g := range k.Keys {
 		g.Key = ""

@@ -271,7 +271,12 @@ admitted peer, sent over the authenticated QUIC transport (never to a revoked
 node); 'revoke' does it too. By hand, node by node: 'keyring install NEW',
 wait until NEW is held by every node ('keyring list'), 'keyring use NEW',
 then 'keyring remove OLD'. The primary key cannot be removed. Keys may be
-named by their fingerprint for use and remove.`,
+named by their fingerprint for use and remove.
+
+Keys are shown by fingerprint only: a secret key is never printed to a
+terminal. 'keyring list --out FILE' writes the keys themselves to a new
+keyring file (0600; a node's mesh.gossip_keyring), and 'keyring list
+--print-keys' prints them when stdout is not a terminal (K=$(...)).`,
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "rotate",
@@ -283,14 +288,7 @@ named by their fingerprint for use and remove.`,
 			}, renderKeyring)
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List the gossip keys and how many nodes hold each",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(a, cmd, (*admin.Client).Keyring, renderKeyring)
-		},
-	})
+	cmd.AddCommand(newKeyringListCmd(a))
 	for _, op := range []struct{ op, short string }{
 		{admin.KeyringInstall, "Install a key (base64, see 'keygen --gossip') for decryption on every node"},
 		{admin.KeyringUse, "Make an installed key the primary (encrypting) key"},
