@@ -34,7 +34,7 @@ func (m *Manager) Stop(ctx context.Context, role string) error {
 	ph.cancel = func() {}
 	close(ph.done)
 	ph.setState(StateRemoving, "stopping on the operator's request")
-	m.instances[role] = ph
+	m.setInstanceLocked(role, ph)
 	m.mu.Unlock()
 
 	in.stop() // the supervisor ends; the resource is left for halt

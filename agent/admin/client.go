@@ -246,6 +246,46 @@ func (c *Client) InstanceLogs(ctx context.Context, role string, n int) ([]LogLin
 	return get[[]LogLine](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/logs?n="+strconv.Itoa(n))
 }
 
+// ErrLogEnded is returned by FollowInstanceLogs when the role's instance
+// went away; the error says why.
+var ErrLogEnded = errors.New("the log ended")
+
+// FollowInstanceLogs is GET /v0/instances/{role}/logs?follow=true: fn sees
+// up to n recent lines (n < 1: all kept), then every new line, until ctx
+// ends (nil), fn returns an error (that error), the role's instance goes
+// away (an error wrapping ErrLogEnded) or the agent ends the stream
+// (ErrStreamEnded: it is stopping).
+func (c *Client) FollowInstanceLogs(ctx context.Context, role string, n int, fn func(LogLine) error) error {
+	resp, err := c.open(ctx, http.MethodGet, "/v0/instances/"+url.PathEscape(role)+"/logs?follow=true&n="+strconv.Itoa(n), nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	var end, fnErr error
+	err = readLines(resp.Body, 1<<20, func(l LogLine) (bool, error) {
+		if l.Stream == LogStreamEnd {
+			end = fmt.Errorf("%w: %s", ErrLogEnded, l.Line)
+			return true, nil
+		}
+		fnErr = fn(l)
+		return false, fnErr
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case end != nil:
+		return end
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
+		return fmt.Errorf("log stream: %w", err)
+	}
+	return ErrStreamEnded
+}
+
 // StopInstance is POST /v0/instances/{role}/stop.
 func (c *Client) StopInstance(ctx context.Context, role string) (Instance, error) {
 	return post[Instance](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/stop", struct{}{})
@@ -267,9 +307,9 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	return string(b), err
 }
 
-// ErrStreamEnded is returned by Events when the agent ends the stream (it
-// is stopping).
-var ErrStreamEnded = errors.New("event stream ended by the agent")
+// ErrStreamEnded is returned by Events and FollowInstanceLogs when the
+// agent ends the stream (it is stopping).
+var ErrStreamEnded = errors.New("stream ended by the agent (it stopped?)")
 
 // Events follows GET /v0/events, calling fn for each event until ctx ends
 // (nil), fn returns an error (that error), or the agent ends the stream

@@ -218,6 +218,19 @@ func (s *Server) routes() http.Handler {
 			}
 			n = v
 		}
+		follow := false
+		if q := r.URL.Query().Get("follow"); q != "" {
+			f, err := strconv.ParseBool(q)
+			if err != nil {
+				writeError(w, Errorf(ErrInvalid, "follow=%q is not a boolean", q))
+				return
+			}
+			follow = f
+		}
+		if follow {
+			s.followLogs(w, r, r.PathValue("role"), n)
+			return
+		}
 		reply(w, r, func(ctx context.Context) ([]LogLine, error) { return b.InstanceLogs(ctx, r.PathValue("role"), n) })
 	})
 	write("/v0/instances/{role}/stop", func(w http.ResponseWriter, r *http.Request, c Caller) {
@@ -339,6 +352,45 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ Caller) {
 	})
 	if err != nil && r.Context().Err() == nil {
 		s.log.Debug("event stream ended", zap.Error(err))
+	}
+}
+
+// LogStreamEnd is the Stream of the last line of a followed log that
+// ended because the role has no instance any more; its Line says so.
+const LogStreamEnd = "end"
+
+// followLogs streams role's log as newline-delimited JSON LogLines until
+// the client goes, the server shuts down (the stream just ends) or the
+// role's instance goes away (a last line of stream LogStreamEnd).
+func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, role string, n int) {
+	lb, ok := s.cfg.Backend.(LogsBackend)
+	if !ok {
+		writeError(w, Errorf(ErrNotConfigured, "following instance logs is not available"))
+		return
+	}
+	// A role without an instance is an ordinary error, before the stream.
+	if _, err := s.cfg.Backend.InstanceLogs(r.Context(), role, 1); err != nil {
+		writeError(w, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	err := lb.FollowInstanceLogs(r.Context(), role, n, func(l LogLine) error {
+		if err := enc.Encode(l); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		_ = enc.Encode(LogLine{Time: time.Now().UTC(), Stream: LogStreamEnd, Line: err.Error()})
+		_ = rc.Flush()
+	case err != nil && r.Context().Err() == nil:
+		s.log.Debug("log stream ended", zap.String("role", role), zap.Error(err))
 	}
 }
 

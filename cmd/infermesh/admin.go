@@ -369,17 +369,47 @@ func newInstancesCmd(a *app) *cobra.Command {
 		},
 	}
 	var n int
+	var follow bool
 	logs := &cobra.Command{
 		Use:   "logs ROLE",
-		Short: "Show the recent log lines of a role's instance",
-		Args:  exactArgs(1),
+		Short: "Show the recent log lines of a role's instance; -f follows new lines",
+		Long: `logs prints the last -n lines the agent keeps of ROLE's instance (its output,
+and what the agent did with it) and exits; with -f it then prints new lines as
+they come, until interrupted or the role has no instance any more (a retried
+or respecified instance is followed on). With --json each line is one JSON
+object per line.`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.LogLine, error) {
-				return c.InstanceLogs(ctx, args[0], n)
-			}, renderLogs)
+			if !follow {
+				return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.LogLine, error) {
+					return c.InstanceLogs(ctx, args[0], n)
+				}, renderLogs)
+			}
+			c := a.client()
+			defer c.Close()
+			err := c.FollowInstanceLogs(cmd.Context(), args[0], n, func(l admin.LogLine) error {
+				line := renderLogs([]admin.LogLine{l})
+				if a.json {
+					b, err := json.Marshal(l)
+					if err != nil {
+						return err
+					}
+					line = string(b) + "\n"
+				}
+				_, err := fmt.Fprint(a.out, line)
+				return err
+			})
+			if errors.Is(err, admin.ErrLogEnded) {
+				// The instance went away: the log is over, as tail -f of
+				// a removed file would not say but should.
+				fmt.Fprintln(a.errOut, "infermesh:", err)
+				return nil
+			}
+			return err
 		},
 	}
 	logs.Flags().IntVarP(&n, "lines", "n", 100, "how many lines (0: all kept)")
+	logs.Flags().BoolVarP(&follow, "follow", "f", false, "after the recent lines, follow new ones until interrupted")
 	retry := &cobra.Command{
 		Use:   "retry ROLE",
 		Short: "Start a role's given-up instance again under a fresh restart policy",

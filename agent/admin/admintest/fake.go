@@ -33,6 +33,10 @@ type Fake struct {
 	History []admin.Event
 	// HistorySent, when set, is closed once Events has sent History.
 	HistorySent chan struct{}
+	// LogLines feeds FollowInstanceLogs after embed's recent lines;
+	// closing it ends the log as an instance that went away does. Nil:
+	// no new line ever comes.
+	LogLines chan admin.LogLine
 }
 
 var _ admin.Backend = (*Fake)(nil)
@@ -276,4 +280,34 @@ func (f *Fake) InstanceLogs(_ context.Context, role string, n int) ([]admin.LogL
 		lines = lines[len(lines)-n:]
 	}
 	return lines, nil
+}
+
+var _ admin.LogsBackend = (*Fake)(nil)
+
+// FollowInstanceLogs implements admin.LogsBackend: embed's recent lines,
+// then every line sent on LogLines, until ctx ends or LogLines is closed
+// (the instance went away: ErrNotFound).
+func (f *Fake) FollowInstanceLogs(ctx context.Context, role string, n int, fn func(admin.LogLine) error) error {
+	lines, err := f.InstanceLogs(ctx, role, n)
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if err := fn(l); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case l, ok := <-f.LogLines:
+			if !ok {
+				return admin.Errorf(admin.ErrNotFound, "role %q has no managed instance any more", role)
+			}
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+	}
 }
