@@ -56,11 +56,13 @@ type MeshAPI interface {
 
 // InstanceAPI is what the admin backend needs of provisioning.
 // *provision.Manager satisfies it. Methods must be safe for concurrent use
-// and must not block.
+// and must not block, FollowLogs aside (it blocks until ctx ends, fn
+// fails or the role's instance goes away).
 type InstanceAPI interface {
 	Instances() []provision.InstanceStatus
 	Instance(role string) (provision.InstanceStatus, bool)
 	Logs(role string, n int) []provision.LogLine
+	FollowLogs(ctx context.Context, role string, n int, fn func(provision.LogLine) error) error
 	// Retry starts a given-up instance again (provision.ErrNoInstance,
 	// provision.ErrNotFailed).
 	Retry(role string) error

@@ -122,3 +122,19 @@ func (b *Backend) InstanceLogs(_ context.Context, role string, n int) ([]admin.L
 	}
 	return out, nil
 }
+
+var _ admin.LogsBackend = (*Backend)(nil)
+
+// FollowInstanceLogs implements admin.LogsBackend.
+func (b *Backend) FollowInstanceLogs(ctx context.Context, role string, n int, fn func(admin.LogLine) error) error {
+	if b.inst == nil {
+		return errNoProvisioning
+	}
+	err := b.inst.FollowLogs(ctx, role, n, func(l provision.LogLine) error {
+		return fn(admin.LogLine{Time: l.Time.UTC(), Stream: l.Stream, Line: l.Line})
+	})
+	if errors.Is(err, provision.ErrNoInstance) {
+		return admin.Errorf(admin.ErrNotFound, "role %q has no managed instance any more", role)
+	}
+	return err
+}

@@ -160,6 +160,11 @@ func (b *Backend) nodePlan(rt *nodes, m *mesh.Mesh, by admin.Caller, req admin.N
 			return bad("ssh: %v", err)
 		}
 		t.HostKeys, t.Fingerprints, t.Advertise = req.HostKeys, req.HostKeyFingerprints, req.Advertise
+		for _, f := range t.Fingerprints {
+			if _, err := node.NormalizeFingerprint(f); err != nil {
+				return bad("--host-key-fingerprint: %v", err) // before anything dials the host
+			}
+		}
 		if len(t.HostKeys) == 0 && len(t.Fingerprints) == 0 {
 			return bad("no host key pinned for %s: give its known_hosts entry or --host-key-fingerprint", req.SSH)
 		}
@@ -217,9 +222,11 @@ func (b *Backend) nodePlan(rt *nodes, m *mesh.Mesh, by admin.Caller, req admin.N
 		},
 		Keyring:     keyring,
 		AgentBinary: rt.opts.AgentBinary,
+		CLIBinary:   rt.opts.CLIBinary,
 		Unit:        configs.InfermeshdUnit,
 		Sysusers:    configs.Sysusers,
 		User:        configs.User,
+		AdminGroup:  configs.AdminGroup,
 	}
 	if req.Demo {
 		pc.DemoBinary, pc.DemoModel = rt.opts.DemoBinary, demoModel
@@ -417,7 +424,7 @@ func (b *Backend) Nodes(context.Context) (admin.NodeList, error) {
 }
 
 func nodeEvent(p node.Progress) admin.NodeEvent {
-	e := admin.NodeEvent{Time: p.Time.UTC(), Node: p.Node, Run: p.Run, Kind: p.Kind, Phase: string(p.Phase), Stage: string(p.Stage), Message: p.Message}
+	e := admin.NodeEvent{Time: p.Time.UTC(), Node: p.Node, Run: p.Run, Kind: p.Kind, Phase: string(p.Phase), Stage: string(p.Stage), Message: p.Message, Attempt: p.Attempt}
 	if p.Log != nil {
 		e.Stream, e.Seq, e.Line = string(p.Log.Stream), p.Log.Seq, p.Log.Line
 	}

@@ -49,6 +49,9 @@ type NodeOptions struct {
 	// DemoBinary is the demo model installed by `node add --demo`.
 	// Default: infermesh-demo beside AgentBinary.
 	DemoBinary string
+	// CLIBinary is the static infermesh CLI installed beside the agent on
+	// every new node. Default: infermesh beside AgentBinary.
+	CLIBinary string
 	// Image is the default node image of docker nodes. Default: the node
 	// image of this build's recipe (make node-image).
 	Image string
@@ -78,6 +81,9 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	}
 	if opts.DemoBinary == "" && opts.AgentBinary != "" {
 		opts.DemoBinary = filepath.Join(filepath.Dir(opts.AgentBinary), "infermesh-demo")
+	}
+	if opts.CLIBinary == "" && opts.AgentBinary != "" {
+		opts.CLIBinary = filepath.Join(filepath.Dir(opts.AgentBinary), "infermesh")
 	}
 	signer, err := node.LoadOrCreateSigner(filepath.Join(a.cfg.Node.StateDir, BootstrapKeyFile), "infermesh-bootstrap@"+a.cfg.Node.Name)
 	if err != nil {
@@ -151,8 +157,13 @@ func (n *nodes) close() {
 	n.docker.Close()
 }
 
-// auditNode records every stage and the end of every add and remove.
+// auditNode records every stage and the end of every add and remove; a
+// connect retried is not (the failure that ends the retries names them),
+// so a host that is down does not flood the audit.
 func (a *Agent) auditNode(p node.Progress) {
+	if p.Attempt > 0 {
+		return
+	}
 	fields := map[string]string{"phase": string(p.Phase), "run": strconv.FormatUint(p.Run, 10)}
 	if p.Stage != "" {
 		fields["stage"] = string(p.Stage)

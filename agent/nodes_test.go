@@ -32,6 +32,7 @@ func TestNodeConfigIsAValidAgentConfig(t *testing.T) {
 		},
 		Site: "lab", Cluster: "prod", Authority: pub,
 		Bootstrapper: node.Agent{Name: "hub", PublicKey: pub},
+		User:         "infermesh", AdminGroup: "infermesh-admin",
 	}
 	data, err := node.NodeConfig(pc, "10.0.0.7")
 	if err != nil {
@@ -50,6 +51,8 @@ func TestNodeConfigIsAValidAgentConfig(t *testing.T) {
 		{fmt.Sprint(cfg.Trust.Nodes), fmt.Sprint([]TrustedNode{{Name: "hub", PublicKey: pub, Scope: "full"}})},
 		{chat.Upstream, "http://127.0.0.1:18180"}, {chat.Model, "demo"}, {fmt.Sprint(chat.Port), "18080"},
 		{fmt.Sprint(chat.Expose), "true"}, {strings.Join(chat.ServeTo, ","), "hub"},
+		// The CLI's default socket, which the operators' group may use.
+		{cfg.Admin.Socket, "/run/infermesh/admin.sock"}, {cfg.Admin.Group, "infermesh-admin"},
 	} {
 		if c.got != c.want {
 			t.Errorf("node config: got %q, want %q\n%s", c.got, c.want, data)

@@ -242,6 +242,13 @@ func (l *lateInstances) Logs(role string, n int) []provision.LogLine {
 	return nil
 }
 
+func (l *lateInstances) FollowLogs(ctx context.Context, role string, n int, fn func(provision.LogLine) error) error {
+	if m := l.m.Load(); m != nil {
+		return m.FollowLogs(ctx, role, n, fn)
+	}
+	return fmt.Errorf("role %q: %w", role, provision.ErrNoInstance)
+}
+
 // instanceStats adapts the instance manager to the metrics.
 type instanceStats struct{ m *provision.Manager }
 

@@ -28,6 +28,9 @@ type SiteConfig struct {
 	StateDir    string
 	CacheRoot   string
 	AdminSocket string
+	// AdminGroup is admin.group: the group that may use the admin socket
+	// to change things ("" when none).
+	AdminGroup string
 	// Bound is the set of binding kinds the roles' instances declare.
 	Bound KindSet
 }
@@ -69,6 +72,7 @@ func ParseSiteConfig(data []byte) (SiteConfig, error) {
 		} `yaml:"node"`
 		Admin struct {
 			Socket string `yaml:"socket"`
+			Group  string `yaml:"group"`
 		} `yaml:"admin"`
 		Roles map[string]struct {
 			Instance *struct {
@@ -85,6 +89,7 @@ func ParseSiteConfig(data []byte) (SiteConfig, error) {
 		StateDir:    raw.Node.StateDir,
 		CacheRoot:   raw.Node.CacheDir,
 		AdminSocket: raw.Admin.Socket,
+		AdminGroup:  raw.Admin.Group,
 	}
 	if err := c.fill(); err != nil {
 		return SiteConfig{}, fmt.Errorf("%w: %w", ErrConfigUnreadable, err)

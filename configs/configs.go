@@ -18,3 +18,7 @@ var Sysusers []byte
 
 // User is the user (and group) the unit runs as and Sysusers declares.
 const User = "infermesh"
+
+// AdminGroup is the group Sysusers declares for the operators who may use
+// the admin socket (admin.group), with User in it.
+const AdminGroup = "infermesh-admin"

@@ -80,6 +80,22 @@ func WriteNewKeyring(path string) (string, error) {
 	return k, nil
 }
 
+// WriteKeyringFile creates a keyring file at path (mode 0600) holding keys
+// (text form, the primary first), as LoadKeyring reads it. An existing
+// file is an error wrapping fs.ErrExist.
+func WriteKeyringFile(path string, keys []string) error {
+	if len(keys) == 0 || len(keys) > MaxGossipKeys {
+		return fmt.Errorf("gossip keyring %s: %d keys, want 1 to %d", path, len(keys), MaxGossipKeys)
+	}
+	for i, k := range keys {
+		if _, err := ParseGossipKey(k); err != nil {
+			return fmt.Errorf("gossip keyring %s: key %d: %w", path, i, err)
+		}
+	}
+	data, _ := json.Marshal(keys)
+	return writeFileExclusive(path, append(data, '\n'))
+}
+
 // LoadKeyring reads a keyring file: a JSON list of base64 AES-256 keys, the
 // first being the primary. The file must not be accessible to group or
 // others. Errors wrap fs.ErrNotExist when it is missing.

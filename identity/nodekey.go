@@ -3,6 +3,7 @@ package identity
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -171,4 +172,17 @@ func ownerHint(path string, err error) string {
 		return ""
 	}
 	return fmt.Sprintf(" (it belongs to uid %d and this process runs as uid %d: chown it to the user the agent runs as)", sys.Uid, os.Geteuid())
+}
+
+// PublicKeyFingerprint names an ed25519 public key (a node's, the
+// authority's) short enough to compare by eye, in the one fingerprint form
+// of the project (16 hex digits, as gossip keys are named), hashed in its
+// own domain so that it never equals a gossip key's.
+func PublicKeyFingerprint(pub ed25519.PublicKey) Fingerprint {
+	h := sha256.New()
+	h.Write([]byte("infermesh/public-key-fp/v1\x00"))
+	h.Write(pub)
+	var fp Fingerprint
+	copy(fp[:], h.Sum(nil))
+	return fp
 }

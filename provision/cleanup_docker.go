@@ -76,12 +76,20 @@ func NewDockerSiteCleanup(api DockerAPI, callTimeout, stopTimeout time.Duration)
 func (d *DockerSiteCleanup) Name() string { return DockerRuntimeName }
 
 // unreachable marks a daemon connection failure as cleanup.ErrUnreachable.
+// The mark adds no words: the error says "docker daemon unreachable"
+// already.
 func unreachable(err error) error {
 	if errors.Is(err, ErrDaemonUnreachable) {
-		return fmt.Errorf("%w: %w", cleanup.ErrUnreachable, err)
+		return markedError{mark: cleanup.ErrUnreachable, err: err}
 	}
 	return err
 }
+
+// markedError is err, matching mark as well under errors.Is.
+type markedError struct{ mark, err error }
+
+func (e markedError) Error() string   { return e.err.Error() }
+func (e markedError) Unwrap() []error { return []error{e.mark, e.err} }
 
 // siteContainer reports whether labels are the site's: managed by
 // infermesh, with the site label. Everything else is never touched.

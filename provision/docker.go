@@ -264,9 +264,10 @@ func (p *DockerProvider) callCtx(ctx context.Context) (context.Context, context.
 }
 
 // wrap adds context to a Docker error and marks daemon connectivity
-// failures with ErrDaemonUnreachable.
+// failures with ErrDaemonUnreachable, once: an error the client already
+// marked (its version negotiation) says so itself.
 func wrap(op, ref string, err error) error {
-	if client.IsErrConnectionFailed(err) {
+	if client.IsErrConnectionFailed(err) && !errors.Is(err, ErrDaemonUnreachable) {
 		return fmt.Errorf("%s %s: %w: %w", op, ref, ErrDaemonUnreachable, err)
 	}
 	return fmt.Errorf("%s %s: %w", op, ref, err)

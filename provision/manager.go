@@ -185,6 +185,7 @@ const (
 	StateRestarting InstanceState = "restarting" // exited or gave no answer; restart pending (backoff)
 	StateError      InstanceState = "error"      // the runtime failed (e.g. daemon unreachable); retrying
 	StateFailed     InstanceState = "failed"     // over its restart policy; given up
+	StateStopped    InstanceState = "stopped"    // stopped by the operator; kept stopped until Retry
 	StateRemoving   InstanceState = "removing"   // role removed; container being stopped
 )
 
@@ -326,6 +327,22 @@ type Manager struct {
 	applied   bool
 	running   bool
 	instances map[string]*instance // by role; read by Instances/Logs
+	// replaced is closed (and forgotten) whenever instances changes, for
+	// log followers; made on demand.
+	replaced chan struct{}
+}
+
+// setInstanceLocked puts in as role's instance (nil: none); m.mu is held.
+func (m *Manager) setInstanceLocked(role string, in *instance) {
+	if in == nil {
+		delete(m.instances, role)
+	} else {
+		m.instances[role] = in
+	}
+	if m.replaced != nil {
+		close(m.replaced)
+		m.replaced = nil
+	}
 }
 
 // NewManager validates cfg and returns an idle manager: call Apply and Run.
@@ -467,7 +484,7 @@ func (m *Manager) reconcile(ctx context.Context, wg *sync.WaitGroup) (pending bo
 		if in.removing && in.finished() {
 			m.mu.Lock()
 			if m.instances[role] == in {
-				delete(m.instances, role)
+				m.setInstanceLocked(role, nil)
 			}
 			m.mu.Unlock()
 			delete(current, role)
@@ -492,7 +509,7 @@ func (m *Manager) reconcile(ctx context.Context, wg *sync.WaitGroup) (pending bo
 			next.restarts = in.restartsTotal()
 		}
 		m.mu.Lock()
-		m.instances[role] = next
+		m.setInstanceLocked(role, next)
 		m.mu.Unlock()
 		next.start(ctx, wg, (*instance).supervise)
 	}
@@ -516,7 +533,7 @@ func (m *Manager) reconcile(ctx context.Context, wg *sync.WaitGroup) (pending bo
 		rm.removing = true
 		rm.setState(StateRemoving, "")
 		m.mu.Lock()
-		m.instances[role] = rm
+		m.setInstanceLocked(role, rm)
 		m.mu.Unlock()
 		rm.start(ctx, wg, (*instance).remove)
 	}
@@ -564,15 +581,16 @@ var (
 	// ErrNoInstance: the role has no managed instance (or it is being
 	// removed).
 	ErrNoInstance = errors.New("no managed instance for the role")
-	// ErrNotFailed: the instance is not in StateFailed; it is supervised.
+	// ErrNotFailed: the instance is neither given up (StateFailed) nor
+	// stopped (StateStopped); it is supervised.
 	ErrNotFailed = errors.New("instance has not failed")
 )
 
-// Retry tries a failed instance afresh: a new supervisor with a fresh
-// restart policy takes over its container (same attempt: the stopped
+// Retry tries a failed or stopped instance afresh: a new supervisor with a
+// fresh restart policy takes over its container (same attempt: the stopped
 // container is started again, not recreated). Only an instance that gave up
-// (StateFailed) can be retried; a supervised one already restarts within
-// its policy.
+// (StateFailed) or that the operator stopped (StateStopped) can be retried;
+// a supervised one already restarts within its policy.
 func (m *Manager) Retry(role string) error {
 	m.mu.Lock()
 	in, err := m.supervisedLocked(role)
@@ -580,11 +598,11 @@ func (m *Manager) Retry(role string) error {
 		m.mu.Unlock()
 		return err
 	}
-	if st := in.status().State; st != StateFailed {
+	if st := in.status().State; st != StateFailed && st != StateStopped {
 		m.mu.Unlock()
 		return fmt.Errorf("role %q is %s: %w", role, st, ErrNotFailed)
 	}
-	delete(m.instances, role)
+	m.setInstanceLocked(role, nil)
 	m.mu.Unlock()
 	in.stop()
 	m.log.Info("retrying failed instance", zap.String("role", role))
@@ -623,6 +641,74 @@ func (m *Manager) Logs(role string, n int) []LogLine {
 		return nil
 	}
 	return in.logs.Last(n)
+}
+
+// FollowLogs calls fn with up to n recent lines of role's instance (n < 1:
+// all kept), then with every line added after them, until ctx ends (nil),
+// fn returns an error (that error) or the role has no instance any more
+// (an error wrapping ErrNoInstance). An instance replaced meanwhile (a
+// retry, a changed spec, a removal in progress) is followed on in its
+// successor, from the successor's first line; lines dropped from a ring
+// before they were sent are counted in a line of stream "dropped".
+func (m *Manager) FollowLogs(ctx context.Context, role string, n int, fn func(LogLine) error) error {
+	var cur *instance
+	var pos uint64
+	first := true
+	for {
+		m.mu.Lock()
+		in := m.instances[role]
+		_, desired := m.desired[role]
+		if m.replaced == nil {
+			m.replaced = make(chan struct{})
+		}
+		replaced := m.replaced
+		m.mu.Unlock()
+		switch {
+		case in == nil && !desired:
+			return fmt.Errorf("role %q: %w", role, ErrNoInstance)
+		case in == nil:
+			// Between instances (a retry): the next one comes.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-replaced:
+			}
+			continue
+		case in != cur:
+			cur, pos = in, 0
+			if first {
+				var lines []LogLine
+				lines, pos = in.logs.Tail(n)
+				first = false
+				for _, l := range lines {
+					if err := fn(l); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		lines, next, dropped, added := cur.logs.Since(pos)
+		pos = next
+		if dropped > 0 {
+			if err := fn(LogLine{Time: time.Now(), Stream: "dropped", Line: fmt.Sprintf("%d line(s) not shown: they left the log before they could be sent", dropped)}); err != nil {
+				return err
+			}
+		}
+		for _, l := range lines {
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+		if added == nil {
+			continue // more may have come meanwhile
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-added:
+		case <-replaced:
+		}
+	}
 }
 
 // Wanted returns the refs the manager still wants: those of its durable

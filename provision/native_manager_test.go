@@ -183,15 +183,15 @@ func TestManagerStopAndHalt(t *testing.T) {
 		t.Errorf("process %d runs after Stop", pid)
 	}
 	st, _ = nm.m.Instance("chat")
-	if st.State != StateFailed || st.LastError != StoppedByOperator {
-		t.Errorf("after Stop = %+v, want failed, stopped by the operator", st)
+	if st.State != StateStopped || st.LastError != StoppedByOperator {
+		t.Errorf("after Stop = %+v, want stopped, by the operator", st)
 	}
 	if _, ok := nm.table.LocalBaseForRole("chat"); ok {
 		t.Error("a stopped instance is still in placement")
 	}
 	// The same desired set again: it stays stopped.
 	nm.apply(map[string]InstanceSpec{"chat": spec})
-	if st, _ = nm.m.Instance("chat"); st.State != StateFailed {
+	if st, _ = nm.m.Instance("chat"); st.State != StateStopped {
 		t.Errorf("after a reconcile = %+v, want it still stopped", st)
 	}
 	if err := nm.m.Stop(ctx, "nope"); err == nil {

@@ -16,7 +16,7 @@ import (
 const StoppedByOperator = "stopped by the operator; `infermesh instances retry ROLE` starts it again"
 
 // Stop stops role's instance and keeps it stopped: its supervisor ends,
-// its resource is stopped and forgotten, and the role shows StateFailed
+// its resource is stopped and forgotten, and the role shows StateStopped
 // (StoppedByOperator) until Retry, a changed spec or an agent restart. It
 // returns when the resource is stopped or ctx ends.
 func (m *Manager) Stop(ctx context.Context, role string) error {
@@ -34,7 +34,7 @@ func (m *Manager) Stop(ctx context.Context, role string) error {
 	ph.cancel = func() {}
 	close(ph.done)
 	ph.setState(StateRemoving, "stopping on the operator's request")
-	m.instances[role] = ph
+	m.setInstanceLocked(role, ph)
 	m.mu.Unlock()
 
 	in.stop() // the supervisor ends; the resource is left for halt
@@ -42,7 +42,7 @@ func (m *Manager) Stop(ctx context.Context, role string) error {
 		ph.setState(StateFailed, "stopping: "+err.Error())
 		return err
 	}
-	ph.setState(StateFailed, StoppedByOperator)
+	ph.setState(StateStopped, StoppedByOperator)
 	ph.emit(EventInstanceStopped, "stopped by the operator")
 	m.log.Info("instance stopped by the operator", zap.String("role", role))
 	return nil

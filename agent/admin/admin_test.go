@@ -58,6 +58,9 @@ func helperMain() int {
 	k, err := c.Keyring(ctx)
 	fmt.Printf("keyring=%s\n", result(err))
 	fmt.Printf("keyring_secret=%v\n", err == nil && k.Keys[0].Key != "")
+	k, err = c.KeyringSecrets(ctx)
+	fmt.Printf("keyring_secrets=%s\n", result(err))
+	fmt.Printf("keyring_secrets_key=%v\n", err == nil && k.Keys[0].Key != "")
 	return 0
 }
 
@@ -121,9 +124,26 @@ func TestReadsAndChangesAsRoot(t *testing.T) {
 	if got, want := ts.fake.Calls(), []string{"uid=0 policy serve_to chat c true"}; strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("backend calls = %q, want %q", got, want)
 	}
+	// The keys themselves only when asked for, even by root.
 	k, err := c.Keyring(ctx)
+	if err != nil || len(k.Keys) != 2 || k.Keys[0].Key != "" || k.Keys[0].Fingerprint == "" {
+		t.Errorf("Keyring() as root = %+v, %v; want fingerprints and no key", k, err)
+	}
+	// Not sent at all: the bytes on the socket hold no key.
+	raw := rawBody(t, ts.path, "/v0/keyring")
+	full, _ := ts.fake.Keyring(ctx)
+	for _, g := range full.Keys {
+		if !strings.Contains(raw, g.Fingerprint) || strings.Contains(raw, g.Key) {
+			t.Errorf("GET /v0/keyring = %s; want fingerprint %s and not the key", raw, g.Fingerprint)
+		}
+	}
+	k, err = c.KeyringSecrets(ctx)
 	if err != nil || k.Keys[0].Key == "" {
-		t.Errorf("Keyring() as root = %+v, %v; want the keys themselves", k, err)
+		t.Errorf("KeyringSecrets() as root = %+v, %v; want the keys themselves", k, err)
+	}
+	kc, err := c.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringInstall, Key: "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI="})
+	if err != nil || len(kc.Keys) == 0 || kc.Keys[0].Key != "" {
+		t.Errorf("ChangeKeyring() = %+v, %v; want the keyring by fingerprint, no key sent back", kc, err)
 	}
 	logs, err := c.InstanceLogs(ctx, "embed", 1)
 	if err != nil || len(logs) != 1 || logs[0].Line != "listening on :8080" {
@@ -192,6 +212,30 @@ func rawRequest(t *testing.T, path, method, target string, hdr map[string]string
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// rawBody is the body of GET target on the socket, as sent.
+func rawBody(t *testing.T, path, target string) string {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+admin.Host+target, nil)
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestCrossOriginAndHostRefused(t *testing.T) {
@@ -294,11 +338,13 @@ func TestOtherUserMayOnlyRead(t *testing.T) {
 	openSocket(t, ts.path)
 	got := runAs(t, ts.path, 65534, 65534)
 	want := map[string]string{
-		"status":         "ok",
-		"set_policy":     "forbidden",
-		"reload":         "forbidden",
-		"keyring":        "ok",
-		"keyring_secret": "false",
+		"status":              "ok",
+		"set_policy":          "forbidden",
+		"reload":              "forbidden",
+		"keyring":             "ok",
+		"keyring_secret":      "false",
+		"keyring_secrets":     "forbidden",
+		"keyring_secrets_key": "false",
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -315,7 +361,7 @@ func TestAdminGroupMayChange(t *testing.T) {
 	openSocket(t, ts.path)
 	// In the group through a supplementary group only.
 	got := runAs(t, ts.path, 65534, 65534, 4242)
-	for k, v := range map[string]string{"status": "ok", "set_policy": "ok", "reload": "ok", "keyring_secret": "true"} {
+	for k, v := range map[string]string{"status": "ok", "set_policy": "ok", "reload": "ok", "keyring_secret": "false", "keyring_secrets": "ok", "keyring_secrets_key": "true"} {
 		if got[k] != v {
 			t.Errorf("as uid 65534 in group 4242: %s = %q, want %q (all: %v)", k, got[k], v, got)
 		}

@@ -72,6 +72,17 @@ type PullBackend interface {
 	PullInstance(ctx context.Context, by Caller, role string, progress func(line string) error) error
 }
 
+// LogsBackend is a Backend that can follow an instance's log.
+type LogsBackend interface {
+	// FollowInstanceLogs calls fn with up to n recent log lines of role's
+	// instance (n < 1: all kept), then with every new line as it comes,
+	// until ctx ends (nil), fn returns an error (that error) or the role
+	// has no instance any more (ErrNotFound, also at once when it has
+	// none). An instance replaced meanwhile (retried, respecified) is
+	// followed on in its successor.
+	FollowInstanceLogs(ctx context.Context, role string, n int, fn func(LogLine) error) error
+}
+
 // Errors a Backend wraps so the client learns what happened; the client
 // returns errors that match them with errors.Is.
 var (

@@ -69,9 +69,13 @@ func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 		if err == nil {
 			return conn, nil
 		}
+		if errors.Is(err, fs.ErrPermission) {
+			// The kernel refused: the agent may well be running.
+			return nil, refused(c.path, err)
+		}
 		retry := errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EAGAIN)
 		if !retry || time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %s: %w (is infermeshd running? use --socket or INFERMESH_SOCKET)", ErrUnreachable, c.path, err)
+			return nil, unreachable(c.path, err)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
@@ -210,9 +214,16 @@ func (c *Client) ResetPolicy(ctx context.Context, f PolicyFilter) (ResetResult, 
 	return post[ResetResult](ctx, c, "/v0/policy/reset", f)
 }
 
-// Keyring is GET /v0/keyring.
+// Keyring is GET /v0/keyring: the keys by fingerprint (GossipKey.Key is
+// empty).
 func (c *Client) Keyring(ctx context.Context) (Keyring, error) {
 	return get[Keyring](ctx, c, "/v0/keyring")
+}
+
+// KeyringSecrets is GET /v0/keyring?secrets=true: the keys themselves as
+// well, for callers that may change things (others get ErrForbidden).
+func (c *Client) KeyringSecrets(ctx context.Context) (Keyring, error) {
+	return get[Keyring](ctx, c, "/v0/keyring?secrets=true")
 }
 
 // ChangeKeyring is POST /v0/keyring/{op}.
@@ -233,6 +244,46 @@ func (c *Client) Instances(ctx context.Context) ([]Instance, error) {
 // InstanceLogs is GET /v0/instances/{role}/logs?n=N.
 func (c *Client) InstanceLogs(ctx context.Context, role string, n int) ([]LogLine, error) {
 	return get[[]LogLine](ctx, c, "/v0/instances/"+url.PathEscape(role)+"/logs?n="+strconv.Itoa(n))
+}
+
+// ErrLogEnded is returned by FollowInstanceLogs when the role's instance
+// went away; the error says why.
+var ErrLogEnded = errors.New("the log ended")
+
+// FollowInstanceLogs is GET /v0/instances/{role}/logs?follow=true: fn sees
+// up to n recent lines (n < 1: all kept), then every new line, until ctx
+// ends (nil), fn returns an error (that error), the role's instance goes
+// away (an error wrapping ErrLogEnded) or the agent ends the stream
+// (ErrStreamEnded: it is stopping).
+func (c *Client) FollowInstanceLogs(ctx context.Context, role string, n int, fn func(LogLine) error) error {
+	resp, err := c.open(ctx, http.MethodGet, "/v0/instances/"+url.PathEscape(role)+"/logs?follow=true&n="+strconv.Itoa(n), nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	var end, fnErr error
+	err = readLines(resp.Body, 1<<20, func(l LogLine) (bool, error) {
+		if l.Stream == LogStreamEnd {
+			end = fmt.Errorf("%w: %s", ErrLogEnded, l.Line)
+			return true, nil
+		}
+		fnErr = fn(l)
+		return false, fnErr
+	})
+	switch {
+	case fnErr != nil:
+		return fnErr
+	case end != nil:
+		return end
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
+		return fmt.Errorf("log stream: %w", err)
+	}
+	return ErrStreamEnded
 }
 
 // StopInstance is POST /v0/instances/{role}/stop.
@@ -256,9 +307,9 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	return string(b), err
 }
 
-// ErrStreamEnded is returned by Events when the agent ends the stream (it
-// is stopping).
-var ErrStreamEnded = errors.New("event stream ended by the agent")
+// ErrStreamEnded is returned by Events and FollowInstanceLogs when the
+// agent ends the stream (it is stopping).
+var ErrStreamEnded = errors.New("stream ended by the agent (it stopped?)")
 
 // Events follows GET /v0/events, calling fn for each event until ctx ends
 // (nil), fn returns an error (that error), or the agent ends the stream

@@ -96,6 +96,9 @@ type NodeEvent struct {
 	Stream string `json:"stream,omitempty"`
 	Seq    uint64 `json:"seq,omitempty"`
 	Line   string `json:"line,omitempty"`
+	// Attempt numbers a failed connect attempt that is made again (a
+	// stage event of stage connecting; Message says why and when).
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // Terminal reports whether e ends a stream.

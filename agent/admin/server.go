@@ -4,7 +4,9 @@
 // Who may do what is decided per connection from the kernel's peer
 // credentials (SO_PEERCRED): root, the agent's own user and members of the
 // configured admin group may change things; every other local user may
-// only read (and sees no gossip key). Requests carrying Origin or Referer,
+// only read. Gossip keys are named by fingerprint: the keys themselves are
+// sent only when asked for (GET /v0/keyring?secrets=true), and only to
+// callers that may change things. Requests carrying Origin or Referer,
 // or a Host other than the socket's fixed name, are refused, so a browser
 // tricked into talking to the socket gets nothing.
 package admin
@@ -157,9 +159,31 @@ func (s *Server) routes() http.Handler {
 		}
 	})
 	read("/v0/keyring", func(w http.ResponseWriter, r *http.Request, c Caller) {
+		// The keys themselves only when asked (?secrets=true), and only
+		// to callers that may change things; fingerprints name them
+		// everywhere else.
+		secrets := false
+		if v := r.URL.Query().Get("secrets"); v != "" {
+			var err error
+			if secrets, err = strconv.ParseBool(v); err != nil {
+				writeError(w, Errorf(ErrInvalid, "secrets=%q is not a boolean", v))
+				return
+			}
+		}
+		if secrets && !c.Write {
+			why := fmt.Sprintf("uid %d may not read the gossip keys themselves; that needs root, uid %d%s", c.UID, s.agentUID, s.groupHint())
+			if s.cfg.OnRefused != nil {
+				s.cfg.OnRefused(c, r.Method, r.URL.Path+"?secrets=true", why)
+			}
+			writeError(w, Errorf(ErrForbidden, "permission denied: %s", why))
+			return
+		}
 		reply(w, r, func(ctx context.Context) (Keyring, error) {
 			k, err := b.Keyring(ctx)
-			return redact(k, c), err
+			if !secrets {
+				k = redact(k)
+			}
+			return k, err
 		})
 	})
 	write("/v0/keyring/{op}", func(w http.ResponseWriter, r *http.Request, c Caller) {
@@ -174,7 +198,10 @@ func (s *Server) routes() http.Handler {
 			writeError(w, Errorf(ErrNotFound, "keyring operation %q is not install, use, remove or rotate", kc.Op))
 			return
 		}
-		reply(w, r, func(ctx context.Context) (Keyring, error) { return b.ChangeKeyring(ctx, c, kc) })
+		reply(w, r, func(ctx context.Context) (Keyring, error) {
+			k, err := b.ChangeKeyring(ctx, c, kc)
+			return redact(k), err // the caller sent the key; it is not sent back
+		})
 	})
 	read("/v0/events", s.events)
 	write("/v0/reload", func(w http.ResponseWriter, r *http.Request, c Caller) {
@@ -190,6 +217,19 @@ func (s *Server) routes() http.Handler {
 				return
 			}
 			n = v
+		}
+		follow := false
+		if q := r.URL.Query().Get("follow"); q != "" {
+			f, err := strconv.ParseBool(q)
+			if err != nil {
+				writeError(w, Errorf(ErrInvalid, "follow=%q is not a boolean", q))
+				return
+			}
+			follow = f
+		}
+		if follow {
+			s.followLogs(w, r, r.PathValue("role"), n)
+			return
 		}
 		reply(w, r, func(ctx context.Context) ([]LogLine, error) { return b.InstanceLogs(ctx, r.PathValue("role"), n) })
 	})
@@ -265,10 +305,8 @@ func (s *Server) groupHint() string {
 	return " or group " + s.cfg.Group
 }
 
-func redact(k Keyring, c Caller) Keyring {
-	if c.Write {
-		return k
-	}
+// redact drops the keys themselves, keeping their fingerprints.
+func redact(k Keyring) Keyring {
 	keys := make([]GossipKey, len(k.Keys))
 	for i, g := range k.Keys {
 		g.Key = ""
@@ -314,6 +352,45 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ Caller) {
 	})
 	if err != nil && r.Context().Err() == nil {
 		s.log.Debug("event stream ended", zap.Error(err))
+	}
+}
+
+// LogStreamEnd is the Stream of the last line of a followed log that
+// ended because the role has no instance any more; its Line says so.
+const LogStreamEnd = "end"
+
+// followLogs streams role's log as newline-delimited JSON LogLines until
+// the client goes, the server shuts down (the stream just ends) or the
+// role's instance goes away (a last line of stream LogStreamEnd).
+func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, role string, n int) {
+	lb, ok := s.cfg.Backend.(LogsBackend)
+	if !ok {
+		writeError(w, Errorf(ErrNotConfigured, "following instance logs is not available"))
+		return
+	}
+	// A role without an instance is an ordinary error, before the stream.
+	if _, err := s.cfg.Backend.InstanceLogs(r.Context(), role, 1); err != nil {
+		writeError(w, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	err := lb.FollowInstanceLogs(r.Context(), role, n, func(l LogLine) error {
+		if err := enc.Encode(l); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		_ = enc.Encode(LogLine{Time: time.Now().UTC(), Stream: LogStreamEnd, Line: err.Error()})
+		_ = rc.Flush()
+	case err != nil && r.Context().Err() == nil:
+		s.log.Debug("log stream ended", zap.String("role", role), zap.Error(err))
 	}
 }
 

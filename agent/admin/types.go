@@ -193,7 +193,8 @@ type Keyring struct {
 }
 
 // GossipKey is one gossip key and how many members hold it. Key is the
-// secret itself: it is sent only to callers that may change things.
+// secret itself: empty unless asked for (Client.KeyringSecrets), and then
+// sent only to callers that may change things.
 type GossipKey struct {
 	Key         string `json:"key,omitempty"`
 	Fingerprint string `json:"fingerprint"`

@@ -57,7 +57,7 @@ func newStatusCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
 		Short: "Show the node: version, uptime, mesh, local and remote roles, placement generation",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Status, renderStatus)
 		},
@@ -68,7 +68,7 @@ func newPeersCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "peers",
 		Short: "List the mesh members and whether each is admitted",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Peers, renderPeers)
 		},
@@ -79,7 +79,7 @@ func newRolesCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "roles",
 		Short: "List the roles with their policy (and where each rule comes from) and the peers serving them",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Roles, renderRoles)
 		},
@@ -94,7 +94,7 @@ func newRouteCmd(a *app) *cobra.Command {
 		Long: `route explains ROLE's placement now. With --serving it first waits, up to
 --wait, until a node serves ROLE (a script's "wait until it works" step),
 and fails (exit 1) with the explanation when none does by then.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Route, error) {
 				if !serving {
@@ -141,7 +141,7 @@ func newAllowCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "allow ROLE NODE",
 		Short: "Let NODE serve ROLE to this node (consumer side, like accept_from)",
-		Args:  cobra.ExactArgs(2),
+		Args:  exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: args[0], Node: args[1], On: true})
 		},
@@ -152,7 +152,7 @@ func newDenyCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "deny ROLE NODE",
 		Short: "Stop NODE from serving ROLE to this node, whatever the config says",
-		Args:  cobra.ExactArgs(2),
+		Args:  exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: args[0], Node: args[1], On: false})
 		},
@@ -174,7 +174,7 @@ func newServeToCmd(a *app) *cobra.Command {
 		cmd.AddCommand(&cobra.Command{
 			Use:   op.use,
 			Short: op.short,
-			Args:  cobra.ExactArgs(2),
+			Args:  exactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindServeTo, Role: args[0], Node: args[1], On: op.on})
 			},
@@ -187,7 +187,7 @@ func newExposeCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "expose ROLE",
 		Short: "Let ROLE leave loopback: serve it to the peers on its serve list",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindExpose, Role: args[0], On: true})
 		},
@@ -198,7 +198,7 @@ func newUnexposeCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "unexpose ROLE",
 		Short: "Serve ROLE to no peer at all, whatever the config says",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindExpose, Role: args[0], On: false})
 		},
@@ -209,7 +209,7 @@ func newRevokeCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "revoke NODE|PUBLIC_KEY",
 		Short: "Revoke a node (by name or base64 public key) at once; kept across restarts",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: true})
 		},
@@ -220,7 +220,7 @@ func newUnrevokeCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "unrevoke NODE|PUBLIC_KEY",
 		Short: "Lift a run-time revocation (those in trust.revoked stay until the config changes)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: false})
 		},
@@ -239,7 +239,7 @@ kept across restarts and reloads, and applied on top of the config.
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "List the run-time overrides",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Policy, renderOverrides)
 		},
@@ -248,7 +248,7 @@ kept across restarts and reloads, and applied on top of the config.
 	reset := &cobra.Command{
 		Use:   "reset",
 		Short: "Drop run-time overrides (all, or those matching --kind, --role, --node)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.ResetResult, error) {
 				return c.ResetPolicy(ctx, f)
@@ -271,26 +271,24 @@ admitted peer, sent over the authenticated QUIC transport (never to a revoked
 node); 'revoke' does it too. By hand, node by node: 'keyring install NEW',
 wait until NEW is held by every node ('keyring list'), 'keyring use NEW',
 then 'keyring remove OLD'. The primary key cannot be removed. Keys may be
-named by their fingerprint for use and remove.`,
+named by their fingerprint for use and remove.
+
+Keys are shown by fingerprint only: a secret key is never printed to a
+terminal. 'keyring list --out FILE' writes the keys themselves to a new
+keyring file (0600; a node's mesh.gossip_keyring), and 'keyring list
+--print-keys' prints them when stdout is not a terminal (K=$(...)).`,
 	}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "rotate",
 		Short: "Make a new gossip key the only one on every admitted node (over QUIC)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Keyring, error) {
 				return c.ChangeKeyring(ctx, admin.KeyringChange{Op: admin.KeyringRotate})
 			}, renderKeyring)
 		},
 	})
-	cmd.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List the gossip keys and how many nodes hold each",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return call(a, cmd, (*admin.Client).Keyring, renderKeyring)
-		},
-	})
+	cmd.AddCommand(newKeyringListCmd(a))
 	for _, op := range []struct{ op, short string }{
 		{admin.KeyringInstall, "Install a key (base64, see 'keygen --gossip') for decryption on every node"},
 		{admin.KeyringUse, "Make an installed key the primary (encrypting) key"},
@@ -299,7 +297,7 @@ named by their fingerprint for use and remove.`,
 		cmd.AddCommand(&cobra.Command{
 			Use:   op.op + " KEY",
 			Short: op.short,
-			Args:  cobra.ExactArgs(1),
+			Args:  exactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Keyring, error) {
 					return c.ChangeKeyring(ctx, admin.KeyringChange{Op: op.op, Key: args[0]})
@@ -318,7 +316,7 @@ func newEventsCmd(a *app) *cobra.Command {
 		Long: `events prints the agent's recent audit history (the last -n N events, or
 all it keeps) and exits; with -f it then follows new events until
 interrupted. With --json each event is one JSON object per line.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Last < 0 {
 				return usageErrorf("-n %d: want a count (0: all the history kept)", o.Last)
@@ -348,7 +346,7 @@ func newReloadCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "reload",
 		Short: "Re-read the config file (as SIGHUP does) and report what changed",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Reload, renderReload)
 		},
@@ -359,7 +357,7 @@ func newInstancesCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "instances",
 		Short: "List the managed local instances",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.Instance, error) {
 				is, err := c.Instances(ctx)
@@ -371,21 +369,51 @@ func newInstancesCmd(a *app) *cobra.Command {
 		},
 	}
 	var n int
+	var follow bool
 	logs := &cobra.Command{
 		Use:   "logs ROLE",
-		Short: "Show the recent log lines of a role's instance",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show the recent log lines of a role's instance; -f follows new lines",
+		Long: `logs prints the last -n lines the agent keeps of ROLE's instance (its output,
+and what the agent did with it) and exits; with -f it then prints new lines as
+they come, until interrupted or the role has no instance any more (a retried
+or respecified instance is followed on). With --json each line is one JSON
+object per line.`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.LogLine, error) {
-				return c.InstanceLogs(ctx, args[0], n)
-			}, renderLogs)
+			if !follow {
+				return call(a, cmd, func(c *admin.Client, ctx context.Context) ([]admin.LogLine, error) {
+					return c.InstanceLogs(ctx, args[0], n)
+				}, renderLogs)
+			}
+			c := a.client()
+			defer c.Close()
+			err := c.FollowInstanceLogs(cmd.Context(), args[0], n, func(l admin.LogLine) error {
+				line := renderLogs([]admin.LogLine{l})
+				if a.json {
+					b, err := json.Marshal(l)
+					if err != nil {
+						return err
+					}
+					line = string(b) + "\n"
+				}
+				_, err := fmt.Fprint(a.out, line)
+				return err
+			})
+			if errors.Is(err, admin.ErrLogEnded) {
+				// The instance went away: the log is over, as tail -f of
+				// a removed file would not say but should.
+				fmt.Fprintln(a.errOut, "infermesh:", err)
+				return nil
+			}
+			return err
 		},
 	}
 	logs.Flags().IntVarP(&n, "lines", "n", 100, "how many lines (0: all kept)")
+	logs.Flags().BoolVarP(&follow, "follow", "f", false, "after the recent lines, follow new ones until interrupted")
 	retry := &cobra.Command{
 		Use:   "retry ROLE",
 		Short: "Start a role's given-up instance again under a fresh restart policy",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Instance, error) {
 				return c.RetryInstance(ctx, args[0])
@@ -395,7 +423,7 @@ func newInstancesCmd(a *app) *cobra.Command {
 	stop := &cobra.Command{
 		Use:   "stop ROLE",
 		Short: "Stop a role's instance and keep it stopped until 'instances retry' (instances outlive the agent otherwise)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Instance, error) {
 				return c.StopInstance(ctx, args[0])
@@ -405,7 +433,7 @@ func newInstancesCmd(a *app) *cobra.Command {
 	pull := &cobra.Command{
 		Use:   "pull ROLE",
 		Short: "Pull a docker instance's image now, with its progress (an instance's first start pulls a missing image too)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
 			defer c.Close()
@@ -437,7 +465,7 @@ func newMetricsCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "metrics",
 		Short: "Print the agent's Prometheus metrics (text format)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if a.json {
 				return errors.New("metrics are in the Prometheus text format; --json does not apply")

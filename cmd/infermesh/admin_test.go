@@ -151,7 +151,7 @@ func TestFailuresExitNonZero(t *testing.T) {
 		{"unknown role", []string{"route", "nope", "--socket", sock}, `infermesh: role "nope" is not configured on this node`},
 		{"no mesh", []string{"keyring", "list", "--socket", sock}, "infermesh: the mesh is not configured on this node"},
 		{"no agent", []string{"status", "--wait", "0s", "--socket", filepath.Join(t.TempDir(), "none.sock")}, "infermesh: agent unreachable"},
-		{"bad args", []string{"allow", "chat", "--socket", sock}, "accepts 2 arg(s)"},
+		{"bad args", []string{"allow", "chat", "--socket", sock}, `allow needs a NODE after "chat": infermesh allow ROLE NODE`},
 		{"metrics json", []string{"metrics", "--json", "--socket", sock}, "--json does not apply"},
 		{"retry a serving instance", []string{"instances", "retry", "embed", "--socket", sock}, "instance has not failed"},
 		{"retry no instance", []string{"instances", "retry", "nope", "--socket", sock}, `no managed instance for role "nope"`},

@@ -16,10 +16,10 @@ import (
 // that is down.
 const (
 	exitOK          = 0
-	exitFailure     = 1  // the command ran and failed (the agent said no, a file exists, ...)
+	exitFailure     = 1  // the command ran and failed (the agent said no, a file exists, cert --authority: another authority signed it, ...)
 	exitUsage       = 64 // EX_USAGE: unknown command or flag, wrong arguments
 	exitUnavailable = 69 // EX_UNAVAILABLE: no agent answers on the socket
-	exitNoPerm      = 77 // EX_NOPERM: the agent refused the caller
+	exitNoPerm      = 77 // EX_NOPERM: the caller was refused: by the agent, or by the socket's mode (not in its group)
 )
 
 // usageError is a command line the CLI cannot run.
@@ -59,6 +59,8 @@ func errorCode(err error) string {
 		return "usage"
 	case errors.Is(err, admin.ErrUnreachable):
 		return "unreachable"
+	case errors.Is(err, admin.ErrForbidden):
+		return "forbidden"
 	}
 	return "failed"
 }

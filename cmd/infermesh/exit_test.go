@@ -27,7 +27,7 @@ func TestExitCodes(t *testing.T) {
 	}{
 		{"unknown command", []string{"frobnicate"}, exitUsage, "usage", "unknown command"},
 		{"unknown flag", []string{"status", "--frob"}, exitUsage, "usage", "unknown flag"},
-		{"too many args", []string{"route", "a", "b", "--socket", sock}, exitUsage, "usage", "accepts 1 arg"},
+		{"too many args", []string{"route", "a", "b", "--socket", sock}, exitUsage, "usage", `route takes only ROLE (got 2 arguments: "a" "b"): infermesh route ROLE`},
 		{"missing required flag", []string{"authority", "issue", "--name", "x"}, exitUsage, "usage", "required flag"},
 		{"negative -n", []string{"events", "-n", "-1", "--socket", sock}, exitUsage, "usage", "-n -1"},
 		{"agent down", []string{"status", "--socket", missing, "--wait", "0s"}, exitUnavailable, "unreachable", "is infermeshd running"},
@@ -130,8 +130,16 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version = %+v, want the CLI's and the agent's (%q)", v, st.Version)
 	}
 	// No agent: the CLI's version, exit 0, and why the agent's is missing.
-	out, _, code = runCLI(t, "version", "--socket", filepath.Join(t.TempDir(), "x.sock"), "--wait", "0s")
-	if code != 0 || !strings.HasPrefix(out, "infermesh ") || !strings.Contains(out, "unreachable") {
-		t.Errorf("version without an agent = exit %d, %q; want 0, the CLI's version and the agent unreachable", code, out)
+	missing := filepath.Join(t.TempDir(), "x.sock")
+	out, _, code = runCLI(t, "version", "--socket", missing, "--wait", "0s")
+	// Said once, the socket named once: not "unreachable: agent
+	// unreachable: PATH: dial unix PATH: ...".
+	want := "\nagent     agent unreachable: no socket at " + missing + " (is infermeshd running? use --socket or INFERMESH_SOCKET)\n"
+	if code != 0 || !strings.HasPrefix(out, "infermesh ") || !strings.HasSuffix(out, want) {
+		t.Errorf("version without an agent = exit %d, %q; want 0, the CLI's version and the line %q", code, out, want)
+	}
+	_, errOut, code = runCLI(t, "status", "--socket", missing, "--wait", "0s")
+	if want := "infermesh: agent unreachable: no socket at " + missing + " (is infermeshd running? use --socket or INFERMESH_SOCKET)\n"; code != exitUnavailable || errOut != want {
+		t.Errorf("status without an agent = exit %d, %q; want %d, %q", code, errOut, exitUnavailable, want)
 	}
 }

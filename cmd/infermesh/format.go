@@ -261,13 +261,15 @@ func renderReset(r admin.ResetResult) string {
 }
 
 func renderKeyring(k admin.Keyring) string {
-	rows := [][]string{{"FINGERPRINT", "PRIMARY", "NODES", "KEY"}}
+	// Fingerprints only: the keys themselves never go to a terminal
+	// (keyring list --out or --print-keys).
+	rows := [][]string{{"FINGERPRINT", "PRIMARY", "NODES"}}
 	for _, g := range k.Keys {
 		primary := ""
 		if g.Primary {
 			primary = "yes"
 		}
-		rows = append(rows, []string{g.Fingerprint, dash(primary), fmt.Sprintf("%d/%d", g.Nodes, k.Members), dash(g.Key)})
+		rows = append(rows, []string{g.Fingerprint, dash(primary), fmt.Sprintf("%d/%d", g.Nodes, k.Members)})
 	}
 	if k.Note != "" {
 		return k.Note + "\n" + table(rows)

@@ -27,7 +27,7 @@ type keyResult struct {
 	PublicKey string `json:"public_key,omitempty"`
 	GossipKey string `json:"gossip_key,omitempty"`
 	// Fingerprint names a gossip key written to a keyring file (the key
-	// itself stays in the file).
+	// itself stays in the file), or the authority's public key.
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Created     bool   `json:"created"`
 }
@@ -61,7 +61,7 @@ printed for a command to capture (NEW=$(infermesh keygen --gossip)); a
 secret key is never printed to a terminal.
 
 Only the key goes to stdout; notices go to stderr.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if gossip {
 				return gossipKeygen(a, keyring)
@@ -135,7 +135,7 @@ func newAuthorityCmd(a *app) *cobra.Command {
 	initCmd := &cobra.Command{
 		Use:   "init",
 		Short: "Create the authority key pair and print its public key (for trust.authority)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			key, err := identity.WriteNewKey(keyFile)
 			if err != nil {
@@ -150,12 +150,32 @@ func newAuthorityCmd(a *app) *cobra.Command {
 		},
 	}
 
+	showCmd := &cobra.Command{
+		Use:   "show",
+		Short: "Print the authority's public key (for trust.authority) and its fingerprint, never the private key",
+		Long: `show reads the authority key file (--key-file) and prints its public key,
+the value of trust.authority, on stdout, and its fingerprint on stderr
+(both with --json). The private key is never printed.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := identity.LoadKey(keyFile)
+			if err != nil {
+				return fmt.Errorf("authority key: %w", err)
+			}
+			pub := key.Public().(ed25519.PublicKey)
+			fp := identity.PublicKeyFingerprint(pub).String()
+			text := identity.EncodeKey(pub)
+			return a.printKey(keyResult{Path: keyFile, PublicKey: text, Fingerprint: fp}, text,
+				fmt.Sprintf("(fingerprint %s; the private key stays in %s)", fp, keyFile))
+		},
+	}
+
 	var name, pubText, scopeText string
 	var ttl time.Duration
 	issueCmd := &cobra.Command{
 		Use:   "issue",
 		Short: "Issue an admission certificate for a node and print it (base64)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			key, err := identity.LoadKey(keyFile)
 			if err != nil {
@@ -189,6 +209,6 @@ func newAuthorityCmd(a *app) *cobra.Command {
 	_ = issueCmd.MarkFlagRequired("name")
 	_ = issueCmd.MarkFlagRequired("public-key")
 
-	cmd.AddCommand(initCmd, issueCmd)
+	cmd.AddCommand(initCmd, showCmd, issueCmd)
 	return cmd
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -113,6 +115,31 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 		t.Errorf("authority init stderr = %q, want the notice", errOut)
 	}
 
+	// show prints the public key again (and its fingerprint), never the
+	// private key; a second init refuses, so this is how to get it back.
+	out, errOut, code = runCLI(t, "authority", "show", "--key-file", ak)
+	akey, err := identity.LoadKey(ak)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := identity.PublicKeyFingerprint(apub).String()
+	if code != 0 || out != init.PublicKey+"\n" || !strings.Contains(errOut, "fingerprint "+fp) {
+		t.Errorf("authority show = %q, %q (exit %d); want the public key %s on stdout, fingerprint %s on stderr", out, errOut, code, init.PublicKey, fp)
+	}
+	out, _, code = runCLI(t, "authority", "show", "--key-file", ak, "--json")
+	var showed keyResult
+	if err := json.Unmarshal([]byte(out), &showed); code != 0 || err != nil || showed.PublicKey != init.PublicKey || showed.Fingerprint != fp || showed.Path != ak {
+		t.Errorf("authority show --json = %q (exit %d, %v); want the public key, fingerprint %s and the path", out, code, err, fp)
+	}
+	for _, secret := range []string{base64.StdEncoding.EncodeToString(akey.Seed()), base64.StdEncoding.EncodeToString(akey), hex.EncodeToString(akey.Seed())} {
+		if strings.Contains(out+errOut, secret) {
+			t.Errorf("authority show printed the private key")
+		}
+	}
+	if _, errOut, code := runCLI(t, "authority", "show", "--key-file", filepath.Join(dir, "none.key")); code == 0 || !strings.Contains(errOut, "none.key") {
+		t.Errorf("authority show of a missing key file = exit %d, %q; want a failure naming it", code, errOut)
+	}
+
 	nodeOut, _, _ := runCLI(t, "keygen", "--state-dir", filepath.Join(dir, "n"))
 	nodePub := strings.Fields(nodeOut)[0]
 	out, errOut, code = runCLI(t, "authority", "issue", "--key-file", ak, "--name", "node-1",
@@ -144,8 +171,16 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 			}
 		}
 	}
-	if shown, _, code := runCLI(t, "cert", certFile, "--authority", identity.EncodeKey(nodePubKey(t, nodePub))); code != 0 || !strings.Contains(shown, "NOT by this authority") {
-		t.Errorf("cert with another authority = %q (exit %d), want the signature refused", shown, code)
+	// Another authority: what the certificate says is shown, and the
+	// exit code says it is not that authority's.
+	other := identity.EncodeKey(nodePubKey(t, nodePub))
+	shown, errOut, code := runCLI(t, "cert", certFile, "--authority", other)
+	if want := "infermesh: the certificate of node-1 is not signed by authority " + other + "\n"; code != exitFailure || !strings.Contains(shown, "NOT by this authority") || errOut != want {
+		t.Errorf("cert with another authority = %q, %q (exit %d); want the signature refused, exit %d and %q", shown, errOut, code, exitFailure, want)
+	}
+	shown, _, code = runCLI(t, "cert", certFile, "--authority", other, "--json")
+	if code != exitFailure || !strings.Contains(shown, `"signature_ok": false`) {
+		t.Errorf("cert --json with another authority = %q (exit %d), want signature_ok false and exit %d", shown, code, exitFailure)
 	}
 
 	bad := [][]string{

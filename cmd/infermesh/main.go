@@ -128,6 +128,7 @@ func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	if isCobraUsage(err) {
 		err = &usageError{msg: err.Error()}
 	}
+	err = explainRefusal(err, DefaultConfig)
 	code := exitCode(err)
 	// --json is parsed by then unless the flags themselves were the error;
 	// look for it in args so a bad command line answers in JSON too.

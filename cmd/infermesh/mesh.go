@@ -28,7 +28,7 @@ func newJoinCmd(a *app) *cobra.Command {
 stay in the mesh: it rejoins its configured mesh.join addresses and the peers it
 saw last (kept in its state store) whenever they are not live members. Addresses
 given here are added to those it rejoins, until the agent restarts.`,
-		Args: cobra.MinimumNArgs(1),
+		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.JoinResult, error) {
 				return c.Join(ctx, args)
@@ -50,9 +50,10 @@ func newCertCmd(a *app) *cobra.Command {
 		Short: "Show an admission certificate: subject, key, scope, issue and expiry (offline)",
 		Long: `cert prints what an admission certificate says: the node it is issued to,
 its public key, its scope, when it was issued and when it expires (and whether
-it has). With --authority KEY it also checks the signature. The argument is
-the certificate itself or a file holding it (trust.certificate's forms).`,
-		Args: cobra.ExactArgs(1),
+it has). With --authority KEY it also checks the signature, and exits 1
+when that authority did not sign it. The argument is the certificate itself
+or a file holding it (trust.certificate's forms).`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			text := strings.TrimSpace(args[0])
 			c, err := identity.ParseCertificate(text)
@@ -85,7 +86,15 @@ the certificate itself or a file holding it (trust.certificate's forms).`,
 			if out.SignatureOK != nil {
 				text += fmt.Sprintf("signature:  %s\n", map[bool]string{true: "valid for the authority", false: "NOT by this authority"}[*out.SignatureOK])
 			}
-			return a.print(out, strings.TrimSuffix(text, "\n"))
+			if err := a.print(out, strings.TrimSuffix(text, "\n")); err != nil {
+				return err
+			}
+			if out.SignatureOK != nil && !*out.SignatureOK {
+				// What it says is printed; that it is not this
+				// authority's is the answer a script acts on: exit 1.
+				return fmt.Errorf("the certificate of %s is not signed by authority %s", out.Name, authority)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&authority, "authority", "", "check the signature against this authority public `KEY` (base64)")

@@ -37,7 +37,7 @@ var (
 	binsOnce  sync.Once
 	binsErr   error
 	nodeImage string
-	nodeBins  map[string]string // infermeshd, infermesh-demo: static
+	nodeBins  map[string]string // infermeshd, infermesh-demo, infermesh: static
 	nodeDir   string            // removed by TestMain
 	netSeq    atomic.Int32
 	nodeRunID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)
@@ -53,7 +53,7 @@ func nodeSetup(t *testing.T) *provision.DockerClient {
 		if nodeDir, binsErr = os.MkdirTemp("", "infermesh-node-bins-"); binsErr != nil {
 			return
 		}
-		nodeBins, binsErr = testbin.Build(nodeDir, "./cmd/infermeshd", "./cmd/infermesh-demo")
+		nodeBins, binsErr = testbin.Build(nodeDir, "./cmd/infermeshd", "./cmd/infermesh-demo", "./cmd/infermesh")
 	})
 	if binsErr != nil {
 		t.Fatalf("node test binaries: %v", binsErr)
@@ -78,6 +78,9 @@ type nodeEnv struct {
 	authFile string
 	authPub  string
 	chatPort int
+	// connectTimeout, when set, bounds the agent's ssh connects (the
+	// default waits 90s for a booting host).
+	connectTimeout time.Duration
 }
 
 func newNodeEnv(t *testing.T) *nodeEnv {
@@ -165,9 +168,10 @@ func (e *nodeEnv) startAgent(name string) (*agent.Agent, string) {
 			c.SuspicionMult = 2
 		},
 		NodeTuning: func(o *agent.NodeOptions) {
-			o.AgentBinary, o.DemoBinary, o.Image = nodeBins["infermeshd"], nodeBins["infermesh-demo"], nodeImage
+			o.AgentBinary, o.DemoBinary, o.CLIBinary, o.Image = nodeBins["infermeshd"], nodeBins["infermesh-demo"], nodeBins["infermesh"], nodeImage
 			o.JoinTimeout = 2 * time.Minute
 			o.SSH.KeepAliveInterval, o.SSH.KeepAliveTimeout = time.Second, 20*time.Second
+			o.SSH.ConnectTimeout = e.connectTimeout
 		},
 	})
 	if err != nil {

@@ -64,7 +64,7 @@ failed and why; everything it did is torn down again.
 The ssh host's key must be known: from your known_hosts (--known-hosts), or
 --host-key-fingerprint SHA256:... checked out of band. The host must
 authorize this agent's key (infermesh node list prints it) for root.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := f.request(args[0])
 			if err != nil {
@@ -220,7 +220,7 @@ func newNodeListCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
 		Short: "List the nodes this agent added, their phase and their mesh membership",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return call(a, cmd, (*admin.Client).Nodes, renderNodes)
 		},
@@ -231,7 +231,7 @@ func newNodeRemoveCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "remove NAME",
 		Short: "Tear a node down: its container removed, or what the bootstrap installed on its host undone",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
 			defer c.Close()

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/nodeimage"
+	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"
@@ -256,7 +258,7 @@ func TestNodeSSHProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := node.NewSSHClient(node.SSHConfig{Signer: signer})
-	if err := c.Connect(ctx, node.Endpoint{Host: ip, Port: 22, User: "root", HostKeys: []string{node.AuthorizedKey(hostPub)}}); err != nil {
+	if err := c.Connect(ctx, node.Endpoint{Host: ip, Port: 22, User: "root", HostKeys: []string{node.AuthorizedKey(hostPub)}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
@@ -277,16 +279,31 @@ func TestNodeSSHProvider(t *testing.T) {
 		if code == 0 {
 			t.Fatalf("node add with a wrong host key succeeded:\n%s", out)
 		}
-		for _, want := range []string{"failed at stage ssh_timeout", "host key mismatch", wrong} {
-			if !strings.Contains(errOut, want) {
-				t.Errorf("stderr %q lacks %q", errOut, want)
-			}
+		// Its own stage, and both keys: what the host presented, what
+		// was pinned.
+		if want := fmt.Sprintf("infermesh: node h0: add failed at stage host_key_mismatch: ssh connect: host key mismatch: %s:22 presented ssh-ed25519 %s, pinned: %s\n",
+			ip, ssh.FingerprintSHA256(hostPub), wrong); errOut != want {
+			t.Errorf("stderr = %q\nwant     %q", errOut, want)
 		}
 		if n := accepted(); n != logins {
 			t.Errorf("sshd accepted %d logins, want %d: the wrong key was not refused before authentication", n, logins)
 		}
 		if added, removed := diffLists(before, hostFiles(t, e.cli, id)); len(added)+len(removed) > 0 {
 			t.Errorf("the refused add changed the host: added %v, removed %v", added, removed)
+		}
+		e.assertGone(a, sock, "h0")
+	})
+
+	t.Run("malformed fingerprint", func(t *testing.T) {
+		out, errOut, code := runCLI(t, "node", "add", "h0", "--ssh", "root@"+ip, "--host-key-fingerprint", "SHA256:nope",
+			"--roles", "chat", "--demo", "--authority-key", e.authFile, "--socket", sock)
+		// Refused before anything ran: no stage, no connection.
+		want := `infermesh: node h0: add: --host-key-fingerprint: host key fingerprint "SHA256:nope" is not a SHA256 digest: want SHA256: followed by 43 base64 characters, as ssh-keygen -lf prints it (ssh-keyscan HOST | ssh-keygen -lf -)` + "\n"
+		if code != exitFailure || out != "" || errOut != want {
+			t.Errorf("node add with a malformed fingerprint = exit %d, stdout %q, stderr %q\nwant exit %d, nothing on stdout, %q", code, out, errOut, exitFailure, want)
+		}
+		if n := accepted(); n != logins {
+			t.Errorf("sshd accepted %d logins, want %d", n, logins)
 		}
 		e.assertGone(a, sock, "h0")
 	})
@@ -307,21 +324,58 @@ func TestNodeSSHProvider(t *testing.T) {
 			t.Fatalf("h1 in the mesh view: %+v %v, want admitted", p, ok)
 		}
 		installed, _ := diffLists(before, hostFiles(t, e.cli, id))
-		for _, want := range []string{"f /usr/local/bin/infermeshd", "f /etc/infermesh/infermesh.yaml", "f /var/lib/infermesh/node.key", "l /etc/systemd/system/multi-user.target.wants/infermeshd.service"} {
+		for _, want := range []string{"f /usr/local/bin/infermeshd", "f /usr/local/bin/infermesh", "f /etc/infermesh/infermesh.yaml", "f /var/lib/infermesh/node.key", "l /etc/systemd/system/multi-user.target.wants/infermeshd.service"} {
 			if !slices.Contains(installed, want) {
 				t.Errorf("after the install the host lacks %s (added: %v)", want, installed)
 			}
 		}
-		// The agent runs as its own user, in the docker group; the
-		// config is root's, readable by the agent's group; its state is
-		// its own.
+		// The agent runs as its own user, in the docker group and the
+		// operators' admin group; the config is root's, readable by the
+		// agent's group; its state is its own.
 		out, _, _, _ = nodeimage.Exec(ctx, e.cli, id, "sh", "-c",
 			`pid=$(systemctl show -p MainPID --value infermeshd); ps -o user= -p $pid; id -nG infermesh; grep -E '^Groups:' /proc/$pid/status | tr -d '\t'; getent group docker | cut -d: -f3; stat -c '%U:%G %a' /etc/infermesh/infermesh.yaml; find /var/lib/infermesh ! -user infermesh`)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 5 || lines[0] != "infermesh" || lines[1] != "infermesh docker" || !slices.Contains(strings.Fields(strings.TrimPrefix(lines[2], "Groups:")), lines[3]) ||
-			lines[4] != "root:infermesh 640" {
-			t.Errorf("agent user, its groups, the agent's groups, docker's gid, the config's owner, state not the agent's:\n%s\nwant infermesh, in docker, config root:infermesh 640, all state the agent's", out)
+		groups := []string{}
+		if len(lines) > 1 {
+			groups = strings.Fields(lines[1])
+			slices.Sort(groups)
 		}
+		if len(lines) != 5 || lines[0] != "infermesh" || !slices.Equal(groups, []string{"docker", "infermesh", "infermesh-admin"}) || !slices.Contains(strings.Fields(strings.TrimPrefix(lines[2], "Groups:")), lines[3]) ||
+			lines[4] != "root:infermesh 640" {
+			t.Errorf("agent user, its groups, the agent's groups, docker's gid, the config's owner, state not the agent's:\n%s\nwant infermesh, in docker and infermesh-admin, config root:infermesh 640, all state the agent's", out)
+		}
+		// An operator who logs in runs infermesh there: the CLI beside
+		// the agent reaches it on its default socket. Root, and a user in
+		// the admin group, are answered; a user outside it is told which
+		// group to join (exit 77).
+		sc := node.NewSSHClient(node.SSHConfig{Signer: signer})
+		if err := sc.Connect(ctx, node.Endpoint{Host: ip, Port: 22, User: "root", HostKeys: []string{node.AuthorizedKey(hostPub)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		onHost := func(line string) (string, int) {
+			t.Helper()
+			var b strings.Builder
+			collect := func(l string) { b.WriteString(l + "\n") }
+			code, err := sc.Run(ctx, node.RemoteCommand{Line: line, Stdout: collect, Stderr: collect})
+			if err != nil {
+				t.Fatalf("%s on the host: %v", line, err)
+			}
+			return b.String(), code
+		}
+		for _, line := range []string{
+			"infermesh status",
+			"setpriv --reuid=nobody --regid=nogroup --groups=infermesh-admin infermesh status",
+		} {
+			if out, code := onHost(line); code != 0 || !strings.Contains(out, "node          h1\n") {
+				t.Errorf("%s on the host = exit %d:\n%s\nwant the node agent's status", line, code, out)
+			}
+		}
+		out, code = onHost("setpriv --reuid=nobody --regid=nogroup --clear-groups infermesh status")
+		if code != exitNoPerm || !strings.Contains(out, "infermesh: permission denied: you are not in group infermesh-admin, which owns /run/infermesh") {
+			t.Errorf("infermesh status on the host by a user outside infermesh-admin = exit %d:\n%s\nwant %d, which group to join", code, out, exitNoPerm)
+		}
+		sc.Close()
+
 		out, errOut, code = runCLI(t, "node", "remove", "h1", "--socket", sock)
 		if code != 0 {
 			t.Fatalf("node remove: exit %d: %s\n%s", code, errOut, out)
@@ -462,4 +516,62 @@ func TestNodeAddAgentKilled(t *testing.T) {
 		out, _, _ := runCLI(t, "peers", "--json", "--socket", sock)
 		return !strings.Contains(out, `"name": "k1"`)
 	})
+}
+
+// TestNodeAddClosedPortShowsRetries: `node add --ssh` to a port nothing
+// listens on shows each failed attempt as it happens (attempt n, why, when
+// the next is) in the progress output, then fails at stage
+// ssh_unreachable saying "connection refused", and tears down. The
+// retries are not audited one by one; the failure is.
+func TestNodeAddClosedPortShowsRetries(t *testing.T) {
+	e := newNodeEnv(t)
+	e.connectTimeout = 4 * time.Second
+	a, sock := e.startAgent("hub")
+	port := testnet.TCPPort(t, e.gateway) // free: nothing listens
+	addr := fmt.Sprintf("%s:%d", e.gateway, port)
+	fp := ssh.FingerprintSHA256(mustSigner(t).PublicKey())
+	out, errOut, code := runCLI(t, "node", "add", "closed", "--ssh", "root@"+addr, "--host-key-fingerprint", fp,
+		"--roles", "chat", "--demo", "--authority-key", e.authFile, "--socket", sock)
+	if code != exitFailure {
+		t.Fatalf("node add to a closed port = exit %d, want %d:\n%s%s", code, exitFailure, out, errOut)
+	}
+	for _, want := range []string{
+		"root@" + addr + ": attempt 1 failed: connection refused; next in ",
+		"root@" + addr + ": attempt 2 failed: connection refused; next in ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("progress lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d connecting +root@`).MatchString(out) {
+		t.Errorf("the retries are not stage lines of connecting:\n%s", out)
+	}
+	wantErr := regexp.MustCompile(`^infermesh: node closed: add failed at stage ssh_unreachable: ssh connect: ` + regexp.QuoteMeta(addr) +
+		`: connection refused, \d+ attempt\(s\) in 4s \(is sshd listening there\?\)` + "\n$")
+	if !wantErr.MatchString(errOut) {
+		t.Errorf("stderr = %q, want it to match %s", errOut, wantErr)
+	}
+	e.assertGone(a, sock, "closed")
+	for _, ev := range a.Audit().Recent() {
+		if ev.Node == "closed" && strings.Contains(ev.Fields["message"], "attempt ") && ev.Kind == agent.AuditNodeStage {
+			t.Errorf("a retry was audited: %+v", ev)
+		}
+	}
+
+	// --json: each retry is a stage event with its attempt number.
+	out, _, _ = runCLI(t, "node", "add", "closed", "--ssh", "root@"+addr, "--host-key-fingerprint", fp,
+		"--roles", "chat", "--demo", "--authority-key", e.authFile, "--json", "--socket", sock)
+	attempts := 0
+	for _, ev := range nodeEvents(t, out) {
+		if ev.Kind == admin.NodeEventStage && ev.Stage == "connecting" && ev.Attempt > 0 {
+			attempts++
+			if ev.Attempt != attempts {
+				t.Errorf("retry event %d has attempt %d", attempts, ev.Attempt)
+			}
+		}
+	}
+	if attempts < 2 {
+		t.Errorf("%d retry events in the JSON stream, want 2 or more:\n%s", attempts, out)
+	}
+	e.assertGone(a, sock, "closed")
 }

@@ -66,7 +66,7 @@ func newSiteCmd(a *app) *cobra.Command {
 	inventory := &cobra.Command{
 		Use:   "inventory",
 		Short: "List the site's runtime resources on this host (containers, native processes), changing nothing",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			scope, err := scopeOf(invTargets)
 			if err != nil {
@@ -89,7 +89,7 @@ func newSiteCmd(a *app) *cobra.Command {
 	clean := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Ensure the site's runtime resources on this host are absent (every node's, or --targets')",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			scope, err := scopeOf(clTargets)
 			if err != nil {
@@ -107,7 +107,7 @@ func newSiteCmd(a *app) *cobra.Command {
 	reset := &cobra.Command{
 		Use:   "reset",
 		Short: "Remove every runtime resource of the site on this host and forget its intents; keep its data and caches",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runOutcome(cmd.Context(), a, rs, (*cleanup.Site).Reset)
 		},
@@ -118,7 +118,7 @@ func newSiteCmd(a *app) *cobra.Command {
 	del := &cobra.Command{
 		Use:   "delete",
 		Short: "Reset, then remove the site's directory and its workload caches on this host",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runOutcome(cmd.Context(), a, dl, (*cleanup.Site).Delete)
 		},
@@ -133,7 +133,7 @@ func newNodeLeaveCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "leave",
 		Short: "This node leaves its site: remove its resources, node folder and caches (cleanup with scope targets <this node>)",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runOutcome(cmd.Context(), a, f, (*cleanup.Site).Leave)
 		},
@@ -147,7 +147,7 @@ func newRemoveContentsCmd(*app) *cobra.Command {
 		Use:    removeContentsCmd + " DIR",
 		Short:  "Remove everything inside DIR (run by site delete's helper container)",
 		Hidden: true,
-		Args:   cobra.ExactArgs(1),
+		Args:   exactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			return provision.RemoveContents(args[0])
 		},

@@ -200,8 +200,10 @@ func TestSiteRefusals(t *testing.T) {
 	state := filepath.Join(dir, "state")
 	_, errOut, code = runCLI(t, "site", "cleanup", "--config", garbage, "--site", "cli"+siteRun+"-g", "--node", "a",
 		"--state-dir", state, "--cache-dir", filepath.Join(dir, "cache"))
-	if code == 0 || !strings.Contains(errOut, "Docker runtime is bound") || !strings.Contains(errOut, "dead.sock") {
-		t.Errorf("unreadable config, dead daemon: exit %d, %q", code, errOut)
+	dead := "unix://" + filepath.Join(dir, "dead.sock")
+	if want := "infermesh: Docker runtime is bound by the site's configuration: list containers of site cli" + siteRun + "-g: docker daemon unreachable: " +
+		dead + ": Cannot connect to the Docker daemon at " + dead + ". Is the docker daemon running?\n"; code == 0 || !strings.HasSuffix(errOut, want) {
+		t.Errorf("unreadable config, dead daemon: exit %d, %q\nwant it to end with %q", code, errOut, want)
 	}
 
 	// A store another process holds: the agent (or another cleanup) runs.

@@ -56,7 +56,7 @@ func newVersionCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the CLI's version, and the agent's when one answers on the socket",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := versionInfo{CLI: cliVersion()}
 			// A missing agent is not an error here: the CLI's own version
@@ -74,7 +74,7 @@ func newVersionCmd(a *app) *cobra.Command {
 			if v.Agent != "" {
 				text += fmt.Sprintf("\nagent     %s (%s)", v.Agent, a.socket)
 			} else {
-				text += "\nagent     unreachable: " + v.AgentError
+				text += "\nagent     " + v.AgentError // it says why: "agent unreachable: ..."
 			}
 			return a.print(v, text)
 		},

@@ -127,7 +127,7 @@ func TestDockerLease(t *testing.T) {
 
 	// The pinned key is the container's only host key.
 	c := NewSSHClient(quickSSH(signer))
-	if err := c.Connect(ctx, *ep); err != nil {
+	if err := c.Connect(ctx, *ep, nil); err != nil {
 		t.Fatalf("Connect with the pinned key: %v", err)
 	}
 	served, err := ParseAuthorizedKey(runOut(t, c, "cat /etc/ssh/ssh_host_ed25519_key.pub"))
@@ -146,13 +146,20 @@ func TestDockerLease(t *testing.T) {
 	wrong := *ep
 	wrong.HostKeys = []string{AuthorizedKey(other)}
 	c2 := NewSSHClient(quickSSH(signer))
-	err = c2.Connect(ctx, wrong)
+	err = c2.Connect(ctx, wrong, nil)
 	c2.Close()
 	if !errors.Is(err, ErrHostKeyMismatch) {
 		t.Fatalf("Connect with a wrong pin = %v, want ErrHostKeyMismatch", err)
 	}
+	// Its own stage, both fingerprints named, and nothing else in the way
+	// ("ssh: handshake failed:").
+	served0, _ := ParseAuthorizedKey(facts.HostKeys[0])
+	var ce *ConnectError
+	if want := fmt.Sprintf("host key mismatch: %s presented ssh-ed25519 %s, pinned: %s", ep.Addr(), ssh.FingerprintSHA256(served0), ssh.FingerprintSHA256(other)); !errors.As(err, &ce) || ce.Stage != StageHostKeyMismatch || err.Error() != want {
+		t.Errorf("Connect with a wrong pin = %q\nwant a ConnectError at %s: %q", err, StageHostKeyMismatch, want)
+	}
 	c3 := NewSSHClient(quickSSH(signer))
-	if err := c3.Connect(ctx, *ep); err != nil {
+	if err := c3.Connect(ctx, *ep, nil); err != nil {
 		t.Fatal(err)
 	}
 	journal := runOut(t, c3, "journalctl -u ssh --no-pager -o cat")
@@ -227,7 +234,7 @@ func TestSSHClientDeadlines(t *testing.T) {
 		t.Helper()
 		c := NewSSHClient(cfg)
 		t.Cleanup(func() { c.Close() })
-		if err := c.Connect(context.Background(), *ep); err != nil {
+		if err := c.Connect(context.Background(), *ep, nil); err != nil {
 			t.Fatal(err)
 		}
 		return c

@@ -29,7 +29,7 @@ type fakeClient struct {
 
 func newFakeClient() *fakeClient { return &fakeClient{closedCh: make(chan struct{})} }
 
-func (c *fakeClient) Connect(ctx context.Context, ep Endpoint) error {
+func (c *fakeClient) Connect(ctx context.Context, ep Endpoint, retry func(ConnectRetry)) error {
 	if c.closed.Load() {
 		return errors.New("closed")
 	}
@@ -246,7 +246,7 @@ func testSpec(kind Kind) Spec {
 	case KindDocker:
 		s.Docker = &DockerTarget{Image: "infermesh-node:x", Network: "n"}
 	case KindSSH:
-		s.SSH = &SSHTarget{User: "root", Host: "10.9.0.2", Port: 22, Fingerprints: []string{"SHA256:x"}}
+		s.SSH = &SSHTarget{User: "root", Host: "10.9.0.2", Port: 22, Fingerprints: []string{"SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}}
 	}
 	return s
 }

@@ -48,16 +48,19 @@ func AuthorizedKey(k ssh.PublicKey) string {
 	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k)))
 }
 
-// normalizeFingerprint accepts "SHA256:<base64>" with or without padding.
-func normalizeFingerprint(fp string) (string, error) {
+// NormalizeFingerprint checks a host key fingerprint, as ssh-keygen -lf
+// and ssh-keyscan print it (SHA256: and 43 base64 characters; trailing
+// '=' padding allowed), and returns it in that form.
+func NormalizeFingerprint(fp string) (string, error) {
 	fp = strings.TrimSpace(fp)
+	const form = "want SHA256: followed by 43 base64 characters, as ssh-keygen -lf prints it (ssh-keyscan HOST | ssh-keygen -lf -)"
 	b64, ok := strings.CutPrefix(fp, "SHA256:")
 	if !ok {
-		return "", fmt.Errorf("fingerprint %q: want SHA256:<base64> (ssh-keygen -lf)", fp)
+		return "", fmt.Errorf("host key fingerprint %q: %s", fp, form)
 	}
 	raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(b64, "="))
 	if err != nil || len(raw) != sha256.Size {
-		return "", fmt.Errorf("fingerprint %q: not a SHA256 digest", fp)
+		return "", fmt.Errorf("host key fingerprint %q is not a SHA256 digest: %s", fp, form)
 	}
 	return "SHA256:" + base64.RawStdEncoding.EncodeToString(raw), nil
 }

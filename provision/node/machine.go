@@ -40,7 +40,10 @@ type Record struct {
 	Failure string `json:"failure,omitempty"`
 	// Note says what the last step was about (the lease, the endpoint,
 	// the check), for the operator.
-	Note    string    `json:"note,omitempty"`
+	Note string `json:"note,omitempty"`
+	// Attempt is the connect attempt that failed last, while connecting
+	// (0: none yet); Note says why.
+	Attempt int       `json:"attempt,omitempty"`
 	Updated time.Time `json:"updated"`
 }
 
@@ -63,8 +66,12 @@ type (
 	MsgEndpointFailed struct{ Reason string }
 	// MsgBootstrapObserved: the session reached a stage.
 	MsgBootstrapObserved struct{ Observation Observation }
-	// MsgBootstrapFailed: the session failed.
-	MsgBootstrapFailed struct{ Reason string }
+	// MsgBootstrapFailed: the session failed, at Stage (a failure stage;
+	// "": the record keeps its last stage).
+	MsgBootstrapFailed struct {
+		Reason string
+		Stage  Stage
+	}
 	// MsgBootstrapClosed: the session closed its client.
 	MsgBootstrapClosed struct{}
 	// MsgInstalled: the session is about to create something on the host.
@@ -176,6 +183,9 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 		return nil, m.refuse(msg)
 	}
 	var cmds []Command
+	if _, ok := msg.(MsgBootstrapObserved); !ok {
+		r.Attempt = 0 // a failed connect attempt is news only until the next step
+	}
 	switch msg := msg.(type) {
 	case MsgLeaseCreated:
 		if r.Phase != PhaseLeasing {
@@ -204,7 +214,7 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 			return nil, m.refuse(msg)
 		}
 		o := msg.Observation
-		r.Stage, r.Note = o.Stage, o.Marker
+		r.Stage, r.Note, r.Attempt = o.Stage, o.Marker, o.Attempt
 		r.LastStdoutSeq = max(r.LastStdoutSeq, o.LastStdoutSeq)
 		r.LastStderrSeq = max(r.LastStderrSeq, o.LastStderrSeq)
 		switch o.Stage {
@@ -221,6 +231,9 @@ func (m *Machine) Handle(msg Msg) ([]Command, error) {
 			return nil, m.refuse(msg)
 		}
 		r.Phase, r.Failure, r.Note = PhaseFailed, msg.Reason, msg.Reason
+		if msg.Stage != "" {
+			r.Stage = msg.Stage
+		}
 	case MsgBootstrapClosed:
 		r.SessionOpen = false
 	case MsgInstalled:

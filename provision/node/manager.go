@@ -47,6 +47,9 @@ type Progress struct {
 	Stage   Stage      `json:"stage,omitempty"`
 	Message string     `json:"message,omitempty"`
 	Log     *LogRecord `json:"log,omitempty"`
+	// Attempt numbers a failed connect attempt that is made again (kind
+	// stage, stage connecting; Message says why and when).
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // Progress kinds.
@@ -165,19 +168,20 @@ func (m *Manager) lease(k Kind) (Lease, error) {
 }
 
 // tracker turns record changes into stage progress, once per change of
-// phase or stage.
+// phase or stage, and once per failed connect attempt.
 type tracker struct {
-	emit  func(Progress)
-	phase Phase
-	stage Stage
+	emit    func(Progress)
+	phase   Phase
+	stage   Stage
+	attempt int
 }
 
 func (t *tracker) change(rec Record) {
-	if rec.Phase == t.phase && rec.Stage == t.stage {
+	if rec.Phase == t.phase && rec.Stage == t.stage && rec.Attempt == t.attempt {
 		return
 	}
-	t.phase, t.stage = rec.Phase, rec.Stage
-	t.emit(Progress{Time: time.Now(), Node: rec.Spec.Name, Run: rec.Spec.Run, Kind: ProgressStage, Phase: rec.Phase, Stage: rec.Stage, Message: rec.Note})
+	t.phase, t.stage, t.attempt = rec.Phase, rec.Stage, rec.Attempt
+	t.emit(Progress{Time: time.Now(), Node: rec.Spec.Name, Run: rec.Spec.Run, Kind: ProgressStage, Phase: rec.Phase, Stage: rec.Stage, Message: rec.Note, Attempt: rec.Attempt})
 }
 
 // Add brings the node spec describes into the mesh: its intent is stored,

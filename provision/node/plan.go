@@ -36,6 +36,9 @@ const (
 	QUICPort = 7947
 	// DemoListen is where the demo model serves on the node.
 	DemoListen = "127.0.0.1:18180"
+	// AdminSocket is the node agent's admin socket: the infermesh CLI's
+	// default, so that infermesh status on the node needs no flag.
+	AdminSocket = "/run/infermesh/admin.sock"
 )
 
 // JoinCredentialRef is where a node keeps its join credential.
@@ -69,6 +72,9 @@ type PlanConfig struct {
 	Keyring []string
 	// AgentBinary is the static infermeshd uploaded to the node.
 	AgentBinary string
+	// CLIBinary is the static infermesh CLI uploaded beside it, so that
+	// an operator on the node can run infermesh status there.
+	CLIBinary string
 	// DemoBinary, when set, is the demo model, installed as DemoUnit and
 	// serving on DemoListen as DemoModel.
 	DemoBinary, DemoModel string
@@ -80,6 +86,10 @@ type PlanConfig struct {
 	// Both empty: the unit runs as root.
 	Sysusers []byte
 	User     string
+	// AdminGroup is the node's admin.group (Sysusers declares it, with
+	// User in it): its members may use the node's admin socket. Empty:
+	// only root.
+	AdminGroup string
 	// Resolve looks a host name up (ssh hosts given by name); nil:
 	// net.DefaultResolver.
 	Resolve func(ctx context.Context, host string) ([]net.IP, error)
@@ -142,8 +152,11 @@ func DefaultBoot(arch string) BootSpec {
 // ones, one per path the install creates that must not exist yet, then
 // the spec's own) and the plan.
 func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
-	if pc.Issue == nil || pc.AgentBinary == "" || len(pc.Keyring) == 0 || len(pc.Unit) == 0 {
-		return BootSpec{}, nil, errors.New("plan: Issue, AgentBinary, Keyring and Unit are required")
+	if pc.Issue == nil || pc.AgentBinary == "" || pc.CLIBinary == "" || len(pc.Keyring) == 0 || len(pc.Unit) == 0 {
+		return BootSpec{}, nil, errors.New("plan: Issue, AgentBinary, CLIBinary, Keyring and Unit are required")
+	}
+	if pc.AdminGroup != "" && pc.User == "" {
+		return BootSpec{}, nil, errors.New("plan: AdminGroup needs the User (in it) and the Sysusers that declares it")
 	}
 	if (len(pc.Sysusers) == 0) != (pc.User == "") {
 		return BootSpec{}, nil, errors.New("plan: Sysusers and User go together")
@@ -151,6 +164,13 @@ func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 	agent, err := checkBinary(pc.AgentBinary)
 	if err != nil {
 		return BootSpec{}, nil, fmt.Errorf("agent binary: %w", err)
+	}
+	cli, err := checkBinary(pc.CLIBinary)
+	if err != nil {
+		return BootSpec{}, nil, fmt.Errorf("infermesh CLI binary: %w", err)
+	}
+	if cli.arch != agent.arch {
+		return BootSpec{}, nil, fmt.Errorf("infermesh CLI binary is %s, the agent %s", cli.arch, agent.arch)
 	}
 	var demo binary
 	if pc.DemoBinary != "" {
@@ -168,7 +188,12 @@ func NewPlan(pc PlanConfig) (BootSpec, Plan, error) {
 	static := Install{
 		Dirs:       []Dir{{Path: StateDir, Mode: 0o700}, {Path: CacheDir, Mode: 0o700}, {Path: ConfigDir, Mode: 0o755}},
 		StagingDir: StateDir,
-		Uploads:    []Upload{{Path: BinDir + "/infermeshd", Mode: 0o755, Local: agent.path, SHA256: agent.sha256}},
+		Uploads: []Upload{
+			{Path: BinDir + "/infermeshd", Mode: 0o755, Local: agent.path, SHA256: agent.sha256},
+			// The operator's tool on the node: its default socket is the
+			// node agent's (admin.socket below).
+			{Path: BinDir + "/infermesh", Mode: 0o755, Local: cli.path, SHA256: cli.sha256},
+		},
 		Files: []File{
 			{Path: KeyringFile, Mode: 0o600, Data: append(keyring, '\n')},
 			{Path: UnitDir + "/" + AgentUnit, Mode: 0o644, Data: pc.Unit},
@@ -290,6 +315,7 @@ type trustedNode struct {
 
 type adminSection struct {
 	Socket string `yaml:"socket"`
+	Group  string `yaml:"group,omitempty"`
 }
 
 type roleConfig struct {
@@ -323,7 +349,8 @@ func nodeConfigYAML(pc PlanConfig, adv string) ([]byte, error) {
 			Certificate: path.Base(CertFile),
 			Nodes:       []trustedNode{{Name: pc.Bootstrapper.Name, PublicKey: pc.Bootstrapper.PublicKey}},
 		},
-		Admin: adminSection{Socket: "/run/infermesh/admin.sock"},
+		// The CLI's default socket; operators in AdminGroup may use it.
+		Admin: adminSection{Socket: AdminSocket, Group: pc.AdminGroup},
 		Roles: map[string]roleConfig{},
 	}
 	for _, r := range s.Roles {

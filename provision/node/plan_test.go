@@ -21,8 +21,8 @@ func TestNewPlan(t *testing.T) {
 	spec.SSH.Host = "gpu-7.lab"
 	pc := PlanConfig{
 		Spec: spec, Site: "lab", Cluster: "infermesh", Bootstrapper: Agent{Name: "hub", PublicKey: fakeNodeKey},
-		Authority: fakeNodeKey, Keyring: []string{"k1", "k2"}, AgentBinary: static, DemoBinary: static, DemoModel: "demo",
-		Unit: []byte("[Unit]\n"), Sysusers: []byte("u infermesh -\n"), User: "infermesh",
+		Authority: fakeNodeKey, Keyring: []string{"k1", "k2"}, AgentBinary: static, CLIBinary: static, DemoBinary: static, DemoModel: "demo",
+		Unit: []byte("[Unit]\n"), Sysusers: []byte("u infermesh -\n"), User: "infermesh", AdminGroup: "infermesh-admin",
 		Issue: func(_ context.Context, name, pub string) (string, error) {
 			return "cert(" + name + "," + pub + ")", nil
 		},
@@ -52,7 +52,7 @@ func TestNewPlan(t *testing.T) {
 	}
 	got := strings.Join(names, ", ")
 	for _, want := range []string{"systemd", "architecture", "tools", "absent /var/lib/infermesh", "absent /etc/infermesh",
-		"absent /usr/local/bin/infermeshd", "absent /usr/local/bin/infermesh-demo", "absent /etc/systemd/system/infermeshd.service",
+		"absent /usr/local/bin/infermeshd", "absent /usr/local/bin/infermesh,", "absent /usr/local/bin/infermesh-demo", "absent /etc/systemd/system/infermeshd.service",
 		"absent /etc/systemd/system/infermesh-demo.service", "absent " + SysusersFile, "systemd, architecture"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("checks %s lack %s", got, want)
@@ -75,8 +75,24 @@ func TestNewPlan(t *testing.T) {
 	if in.Files[0].Group != "infermesh" || in.Files[0].Mode != 0o640 {
 		t.Errorf("config file %04o group %q, want 0640 readable by group infermesh", in.Files[0].Mode, in.Files[0].Group)
 	}
-	if in.Units[0] != DemoUnit || in.Units[1] != AgentUnit || len(in.Uploads) != 2 || in.Uploads[0].SHA256 == "" {
-		t.Errorf("install = %+v, want the demo unit first and both uploads with digests", in)
+	if in.Units[0] != DemoUnit || in.Units[1] != AgentUnit || len(in.Uploads) != 3 || in.Uploads[0].SHA256 == "" {
+		t.Errorf("install = %+v, want the demo unit first and the three uploads with digests", in)
+	}
+	// The operator's CLI beside the agent, as the agent is installed; it
+	// reaches the node's agent on its default socket, which the admin
+	// group may use.
+	if u := in.Uploads[1]; u.Path != BinDir+"/infermesh" || u.Mode != 0o755 || u.SHA256 != in.Uploads[0].SHA256 {
+		t.Errorf("CLI upload = %+v, want %s/infermesh 0755 with its digest", u, BinDir)
+	}
+	for _, want := range []string{"socket: /run/infermesh/admin.sock", "group: infermesh-admin"} {
+		if !strings.Contains(string(in.Files[0].Data), want) {
+			t.Errorf("config lacks %q:\n%s", want, in.Files[0].Data)
+		}
+	}
+	noCLI := pc
+	noCLI.CLIBinary = ""
+	if _, _, err := NewPlan(noCLI); err == nil || !strings.Contains(err.Error(), "CLIBinary") {
+		t.Errorf("NewPlan without the CLI = %v, want a refusal", err)
 	}
 	for _, f := range in.Files {
 		if f.Path == KeyringFile && (f.Mode != 0o600 || string(f.Data) != "[\"k1\",\"k2\"]\n") {

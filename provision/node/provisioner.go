@@ -298,7 +298,7 @@ func (p *Provisioner) feed(events []SessionEvent) error {
 		case EventObserved:
 			msg = MsgBootstrapObserved{Observation: e.Observation}
 		case EventFailed:
-			msg = MsgBootstrapFailed{Reason: e.Reason}
+			msg = MsgBootstrapFailed{Reason: e.Reason, Stage: e.Observation.Stage}
 		case EventClosed:
 			msg = MsgBootstrapClosed{}
 		default:

@@ -210,7 +210,12 @@ func TestEachStageFailure(t *testing.T) {
 		reason  string
 	}{
 		{name: "connect", connect: boom, stage: StageSSHTimeout, reason: "ssh connect: boom"},
-		{name: "probe", fail: "echo infermesh-probe", stage: StageSSHTimeout, reason: "ssh probe:"},
+		{name: "connect refused", connect: &ConnectError{Addr: "10.9.0.2:22", Stage: StageSSHUnreachable, Attempts: 3, Elapsed: 2 * time.Second, Err: boom},
+			stage: StageSSHUnreachable, reason: "ssh connect: 10.9.0.2:22: boom, 3 attempt(s) in 2s (is sshd listening there?)"},
+		{name: "host key", connect: fmt.Errorf("%w: 10.9.0.2:22 presented ssh-ed25519 SHA256:a, pinned: SHA256:b", ErrHostKeyMismatch),
+			stage: StageHostKeyMismatch, reason: "ssh connect: host key mismatch: 10.9.0.2:22 presented ssh-ed25519 SHA256:a, pinned: SHA256:b"},
+		{name: "auth", connect: fmt.Errorf("%w: 10.9.0.2:22 as root", ErrAuthFailed), stage: StageSSHAuthFailed, reason: "ssh connect: the host refused this agent's ssh key"},
+		{name: "probe", fail: "echo infermesh-probe", stage: StageProbeFailed, reason: "ssh probe:"},
 		{name: "stdout source", fail: "os-release", stage: StageStreamError, reason: "bootstrap log stream: cat /etc/os-release: exit 1: nope"},
 		{name: "stderr source", fail: "systemctl --failed", stage: StageStreamError, reason: "bootstrap log stream: systemctl --failed: exit 1"},
 		{name: "verify", fail: "test -d /run/systemd/system", stage: StageBootCheckFailed, reason: "boot check failed: systemd: the host does not run systemd (exit 1: nope)"},

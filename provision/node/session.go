@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -14,8 +15,11 @@ import (
 // to cancel whatever is in flight.
 type Client interface {
 	// Connect dials ep, verifies its host key against ep's pins (before
-	// authenticating) and authenticates.
-	Connect(ctx context.Context, ep Endpoint) error
+	// authenticating) and authenticates, trying again while the host does
+	// not answer; retry (nil: none) is told of each attempt that failed
+	// and is made again. An error it gives up with is best a
+	// *ConnectError (its Stage names the cause).
+	Connect(ctx context.Context, ep Endpoint, retry func(ConnectRetry)) error
 	// Run runs c on the host and returns its exit code. An error means
 	// the command could not run to completion (connection lost, deadline,
 	// cancelled), not that it exited non-zero.
@@ -108,18 +112,21 @@ func (s *Session) Start(ctx context.Context, sink Sink) []SessionEvent {
 		if ctx.Err() != nil {
 			s.stage = StageCancelled
 		}
-		report(SessionEvent{Kind: EventFailed, Reason: fmt.Sprintf(format, err)})
+		report(SessionEvent{Kind: EventFailed, Reason: fmt.Sprintf(format, err), Observation: Observation{Stage: s.stage}})
 		return events
 	}
 
 	s.stage = StageConnecting
 	ep := s.spec.Endpoint
 	report(observed(StageConnecting, ep.String()))
-	if err := s.client.Connect(ctx, ep); err != nil {
-		return fail(StageSSHTimeout, "ssh connect: %v", err)
+	retry := func(r ConnectRetry) {
+		report(SessionEvent{Kind: EventObserved, Observation: Observation{Stage: StageConnecting, Attempt: r.Attempt, Marker: ep.String() + ": " + r.String()}})
+	}
+	if err := s.client.Connect(ctx, ep, retry); err != nil {
+		return fail(connectStage(err), "ssh connect: %v", err)
 	}
 	if err := s.probe(ctx); err != nil {
-		return fail(StageSSHTimeout, "ssh probe: %v", err)
+		return fail(StageProbeFailed, "ssh probe: %v", err)
 	}
 	s.stage = StageReady
 	report(observed(StageReady, ep.String()+", host key verified"))
@@ -146,6 +153,21 @@ func (s *Session) Start(ctx context.Context, sink Sink) []SessionEvent {
 	s.stage = StageWaitingForJoin
 	report(SessionEvent{Kind: EventObserved, Observation: s.observation(StageWaitingForJoin, "the agent runs on the node")})
 	return events
+}
+
+// connectStage is the failure stage of a Connect error: its own, else by
+// its kind.
+func connectStage(err error) Stage {
+	var ce *ConnectError
+	switch {
+	case errors.As(err, &ce):
+		return ce.Stage
+	case errors.Is(err, ErrHostKeyMismatch):
+		return StageHostKeyMismatch
+	case errors.Is(err, ErrAuthFailed):
+		return StageSSHAuthFailed
+	}
+	return StageSSHTimeout
 }
 
 // ConvergenceObserved ends a session whose node joined as member: the sink

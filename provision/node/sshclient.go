@@ -132,7 +132,7 @@ func hostKeyPins(ep Endpoint) (ssh.HostKeyCallback, []string, error) {
 	}
 	var fps []string
 	for _, f := range ep.Fingerprints {
-		n, err := normalizeFingerprint(f)
+		n, err := NormalizeFingerprint(f)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -184,10 +184,86 @@ func permanent(err error) bool {
 	return errors.Is(err, ErrHostKeyMismatch) || errors.Is(err, ErrAuthFailed)
 }
 
+// ConnectRetry is an attempt of Connect that failed and will be made
+// again: the operator sees a dial that keeps failing as it happens.
+type ConnectRetry struct {
+	Attempt int           // from 1
+	Err     error         // why this attempt failed
+	Next    time.Duration // the wait before the next one
+}
+
+func (r ConnectRetry) String() string {
+	return fmt.Sprintf("attempt %d failed: %s; next in %s", r.Attempt, attemptCause(r.Err), r.Next.Round(10*time.Millisecond))
+}
+
+// ConnectError is a Connect that gave up: the failure stage it ends the
+// session at, and why.
+type ConnectError struct {
+	Addr string
+	// Stage is StageHostKeyMismatch, StageSSHAuthFailed,
+	// StageSSHUnreachable (no TCP connection) or StageSSHTimeout
+	// (connected, but no SSH session within the deadlines).
+	Stage    Stage
+	Attempts int
+	Elapsed  time.Duration
+	// Err is the last attempt's error (a cancelled one's predecessor).
+	Err error
+}
+
+func (e *ConnectError) Error() string {
+	switch e.Stage {
+	case StageHostKeyMismatch, StageSSHAuthFailed:
+		return e.Err.Error()
+	case StageSSHUnreachable:
+		return fmt.Sprintf("%s: %s, %d attempt(s) in %s (is sshd listening there?)", e.Addr, attemptCause(e.Err), e.Attempts, e.Elapsed.Round(time.Second))
+	}
+	return fmt.Sprintf("%s: no SSH session: %s, %d attempt(s) in %s", e.Addr, attemptCause(e.Err), e.Attempts, e.Elapsed.Round(time.Second))
+}
+
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// dialError is a TCP connect that failed: no SSH was spoken.
+type dialError struct{ err error }
+
+func (e dialError) Error() string { return e.err.Error() }
+func (e dialError) Unwrap() error { return e.err }
+
+// handshakeError is a TCP connection on which no SSH session came about
+// (a key mismatch and a refused key aside).
+type handshakeError struct{ err error }
+
+func (e handshakeError) Error() string { return "ssh handshake: " + e.err.Error() }
+func (e handshakeError) Unwrap() error { return e.err }
+
+// attemptCause is an attempt's error in the fewest words: "connection
+// refused", not "dial tcp 10.0.0.7:22: connect: connection refused" (the
+// address is named once, by the caller).
+func attemptCause(err error) string {
+	var he handshakeError
+	if errors.As(err, &he) {
+		return "ssh handshake: " + netCause(he.err)
+	}
+	return netCause(err)
+}
+
+func netCause(err error) string {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		var se *os.SyscallError
+		if errors.As(oe.Err, &se) {
+			return se.Err.Error()
+		}
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
+
 // Connect dials ep until its sshd answers (or ConnectTimeout passes),
 // verifying the host key before authenticating. A host key mismatch or a
-// refused key ends it at once.
-func (c *SSHClient) Connect(ctx context.Context, ep Endpoint) error {
+// refused key ends it at once. retry (nil: none) is told of every failed
+// attempt that is made again. A Connect that gives up returns a
+// *ConnectError naming its stage.
+func (c *SSHClient) Connect(ctx context.Context, ep Endpoint, retry func(ConnectRetry)) error {
 	cb, algos, err := hostKeyPins(ep)
 	if err != nil {
 		return err
@@ -199,23 +275,47 @@ func (c *SSHClient) Connect(ctx context.Context, ep Endpoint) error {
 		HostKeyAlgorithms: algos,
 		Timeout:           c.cfg.DialTimeout,
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	defer cancel()
 	backoff := 200 * time.Millisecond
-	for {
+	var last error
+	for attempt := 1; ; attempt++ {
 		cl, err := c.dial(ctx, ep, conf)
 		if err == nil {
 			return c.adopt(cl)
 		}
-		if permanent(err) {
-			return err
+		gaveUp := func(err error) error {
+			if ctx.Err() != nil && last != nil {
+				err = last // cut short by the deadline: the one before says why
+			}
+			ce := &ConnectError{Addr: ep.Addr(), Stage: StageSSHTimeout, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+			var de dialError
+			switch {
+			case errors.Is(err, ErrHostKeyMismatch):
+				ce.Stage = StageHostKeyMismatch
+			case errors.Is(err, ErrAuthFailed):
+				ce.Stage = StageSSHAuthFailed
+			case errors.As(err, &de):
+				ce.Stage = StageSSHUnreachable
+			}
+			return ce
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s did not answer over ssh within %v: %w (last: %w)", ep.Addr(), c.cfg.ConnectTimeout, ctx.Err(), err)
+		if permanent(err) || ctx.Err() != nil {
+			return gaveUp(err)
+		}
+		last = err
+		if deadline, _ := ctx.Deadline(); time.Until(deadline) <= backoff {
+			// No attempt fits before the deadline: none is announced.
+			<-ctx.Done()
+			return gaveUp(err)
+		}
+		if retry != nil {
+			retry(ConnectRetry{Attempt: attempt, Err: err, Next: backoff})
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s did not answer over ssh within %v: %w (last: %w)", ep.Addr(), c.cfg.ConnectTimeout, ctx.Err(), err)
+			return gaveUp(err)
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
@@ -226,7 +326,7 @@ func (c *SSHClient) dial(ctx context.Context, ep Endpoint, conf *ssh.ClientConfi
 	d := net.Dialer{Timeout: c.cfg.DialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", ep.Addr())
 	if err != nil {
-		return nil, err
+		return nil, dialError{err}
 	}
 	// The handshake's deadline; and ctx ending closes the socket.
 	_ = conn.SetDeadline(time.Now().Add(c.cfg.HandshakeTimeout))
@@ -239,10 +339,24 @@ func (c *SSHClient) dial(ctx context.Context, ep Endpoint, conf *ssh.ClientConfi
 			pub := AuthorizedKey(c.cfg.Signer.PublicKey())
 			return nil, fmt.Errorf("%w: %s as %s (authorize it there: %s)", ErrAuthFailed, ep.Addr(), ep.User, pub)
 		}
-		return nil, err
+		if errors.Is(err, ErrHostKeyMismatch) {
+			return nil, hostKeyErr(err)
+		}
+		return nil, handshakeError{err}
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return ssh.NewClient(sc, chans, reqs), nil
+}
+
+// hostKeyErr unwraps x/crypto/ssh's "ssh: handshake failed: " from the
+// host key callback's own error, which says it all.
+func hostKeyErr(err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if strings.HasPrefix(e.Error(), ErrHostKeyMismatch.Error()) {
+			return e
+		}
+	}
+	return err
 }
 
 func (c *SSHClient) adopt(cl *ssh.Client) error {

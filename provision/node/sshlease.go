@@ -79,7 +79,7 @@ func (l *SSHLease) Destroy(ctx context.Context, h DestroyHandle) error {
 	ep := *h.Endpoint
 	c := l.clients.ClientFor(SessionSpec{Node: h.Node, Lease: h.LeaseID, Endpoint: ep})
 	defer c.Close()
-	if err := c.Connect(ctx, ep); err != nil {
+	if err := c.Connect(ctx, ep, nil); err != nil {
 		return fmt.Errorf("ssh %s: %w", ep, err)
 	}
 	var emit func(Stream, string)

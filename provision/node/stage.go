@@ -8,9 +8,14 @@ type Stage string
 // Session stages, in the order a successful bootstrap passes them, with
 // the failure each step can end in.
 const (
-	StageCreated         Stage = "created"
-	StageConnecting      Stage = "connecting"
-	StageSSHTimeout      Stage = "ssh_timeout" // connect or probe failed
+	StageCreated    Stage = "created"
+	StageConnecting Stage = "connecting"
+	// Connect failures, by cause.
+	StageSSHUnreachable  Stage = "ssh_unreachable"   // no TCP connection (refused, no route) until the connect timeout
+	StageHostKeyMismatch Stage = "host_key_mismatch" // the host presented a key that is not pinned (both are named)
+	StageSSHAuthFailed   Stage = "ssh_auth_failed"   // the host refused this agent's key
+	StageSSHTimeout      Stage = "ssh_timeout"       // connected, but no SSH session within the deadlines
+	StageProbeFailed     Stage = "probe_failed"      // connected, but the first command failed
 	StageReady           Stage = "ready"
 	StageStdoutStreaming Stage = "stdout_streaming"
 	StageStreamError     Stage = "stream_error"
@@ -27,7 +32,8 @@ const (
 // Failed reports whether s is a failure stage.
 func (s Stage) Failed() bool {
 	switch s {
-	case StageSSHTimeout, StageStreamError, StageBootCheckFailed, StageStartFailed, StageCancelled:
+	case StageSSHUnreachable, StageHostKeyMismatch, StageSSHAuthFailed, StageSSHTimeout, StageProbeFailed,
+		StageStreamError, StageBootCheckFailed, StageStartFailed, StageCancelled:
 		return true
 	}
 	return false
@@ -76,6 +82,9 @@ type Observation struct {
 	// Marker is a short note about the stage (what was connected, which
 	// check ran), for the operator.
 	Marker string `json:"marker,omitempty"`
+	// Attempt numbers a connect attempt that failed and is made again
+	// (stage connecting; Marker says why and when the next one is).
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // SessionEventKind says what a SessionEvent is.
@@ -88,7 +97,8 @@ const (
 	EventClosed                               // the session closed its client
 )
 
-// SessionEvent is one result of a session step, fed to the Machine.
+// SessionEvent is one result of a session step, fed to the Machine. A
+// failed event's Observation.Stage is the failure stage.
 type SessionEvent struct {
 	Kind        SessionEventKind
 	Observation Observation

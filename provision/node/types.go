@@ -125,6 +125,18 @@ func (s Spec) Validate() error {
 		if len(t.HostKeys) == 0 && len(t.Fingerprints) == 0 {
 			return errors.New("ssh node: no host key pinned (known_hosts entry or fingerprint)")
 		}
+		// A pin that cannot match is refused here, before anything
+		// dials the host.
+		for _, f := range t.Fingerprints {
+			if _, err := NormalizeFingerprint(f); err != nil {
+				return fmt.Errorf("ssh node: %w", err)
+			}
+		}
+		for i, k := range t.HostKeys {
+			if _, err := ParseAuthorizedKey(k); err != nil {
+				return fmt.Errorf("ssh node: pinned host key %d: %w", i, err)
+			}
+		}
 		if s.Docker != nil {
 			return errors.New("ssh node: a docker target too")
 		}

@@ -33,6 +33,10 @@ type Fake struct {
 	History []admin.Event
 	// HistorySent, when set, is closed once Events has sent History.
 	HistorySent chan struct{}
+	// LogLines feeds FollowInstanceLogs after embed's recent lines;
+	// closing it ends the log as an instance that went away does. Nil:
+	// no new line ever comes.
+	LogLines chan admin.LogLine
 }
 
 var _ admin.Backend = (*Fake)(nil)
@@ -250,7 +254,7 @@ func (f *Fake) StopInstance(_ context.Context, by admin.Caller, role string) (ad
 		return admin.Instance{}, admin.Errorf(admin.ErrNotFound, "no managed instance for role %q", role)
 	}
 	f.record(by, "instance-stop %s", role)
-	return admin.Instance{Role: "embed", State: "failed", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
+	return admin.Instance{Role: "embed", State: "stopped", Ref: "infermesh-default-a-embed-1", Image: "llama-server:local", Restarts: 1, Since: T0,
 		LastError: "stopped by the operator; `infermesh instances retry ROLE` starts it again"}, nil
 }
 
@@ -276,4 +280,34 @@ func (f *Fake) InstanceLogs(_ context.Context, role string, n int) ([]admin.LogL
 		lines = lines[len(lines)-n:]
 	}
 	return lines, nil
+}
+
+var _ admin.LogsBackend = (*Fake)(nil)
+
+// FollowInstanceLogs implements admin.LogsBackend: embed's recent lines,
+// then every line sent on LogLines, until ctx ends or LogLines is closed
+// (the instance went away: ErrNotFound).
+func (f *Fake) FollowInstanceLogs(ctx context.Context, role string, n int, fn func(admin.LogLine) error) error {
+	lines, err := f.InstanceLogs(ctx, role, n)
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if err := fn(l); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case l, ok := <-f.LogLines:
+			if !ok {
+				return admin.Errorf(admin.ErrNotFound, "role %q has no managed instance any more", role)
+			}
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+	}
 }
