@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/infermesh/infermesh/agent.Version=$(VERSION) -X main.version=$(VERSION)
 TESTFLAGS ?=
 
-.PHONY: all build run test test-short bench bench-quick fuzz-quick lint clean node-image e2e demo-image install
+.PHONY: all build run test test-short bench bench-quick bench-routing fuzz-quick lint clean node-image e2e demo-image install
 
 all: build
 
@@ -60,8 +60,9 @@ e2e:
 test-short:
 	$(GO) test -count=1 -short ./...
 
-## bench: the proxy against direct connection, nginx and haproxy, side by side; everything the
-## targets need in one run (23 minutes on a quiet 2-core host, 11 of them the 1000-node simulation, run last);
+## bench: the proxy against direct connection, nginx and haproxy, side by side, and the routing
+## benchmark; everything the targets need in one run (23 minutes on a quiet 2-core host, 11 of them
+## the 1000-node simulation, run last, and about 5 more for the routing benchmark);
 ## the report's header lists each phase's duration. BENCH_ARGS=-skip-mesh leaves the mesh out
 bench: build
 	bash bench/run.sh
@@ -69,6 +70,10 @@ bench: build
 ## bench-quick: the same harness, shorter (CI keeps it working; asserts no speed)
 bench-quick: build
 	BENCH_QUICK=1 bash bench/run.sh
+
+## bench-routing: the routing benchmark alone (a few minutes; BENCH_QUICK=1 about one)
+bench-routing: build
+	BENCH_ONLY=routing bash bench/run.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

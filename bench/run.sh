@@ -32,8 +32,24 @@
 # which callgrind does not count.
 #
 # The report's header gives how long each phase took (the instruction
-# counts, the contenders' start, then the load generator's) and the load
-# average at the start and the end.
+# counts, the routing benchmark, the contenders' start, then the load
+# generator's) and the load average at the start and the end.
+#
+# The routing benchmark (routing_phase below) runs before the contenders
+# start, with processes of its own that it stops when done: engines (the
+# demo model in engine mode: slots, a FIFO queue, a prefix cache, vLLM's
+# metrics) behind a real mesh of six agents on 127.0.0.1-6 (memberlist,
+# QUIC, static trust). Peers b, c and d serve role chat, each from its own
+# engine; consumers a and e have no instance; consumer f serves chat too,
+# from its own engine (the busy local instance). The load generator
+# measures each topology's capacity, then sends the same seeded workload at
+# 0.5x, 1x and 1.3x of it through its own routers (round robin, least
+# outstanding, an oracle with per-tenant affinity) straight to the engines,
+# and through the consumers' loopback ports. BENCH_ONLY=routing runs that
+# phase alone (nothing else is started or installed) and writes its report
+# to bench/results/*-routing.md; BENCH_ROUTING_ARGS adds load generator
+# flags to it (-routing-popularity zipf, -routing-turns 3, -routing-seed N,
+# -routing-rates 1, -routing-window 4s); BENCH_SKIP_ROUTING=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_STARTED=$(date +%s)
@@ -45,6 +61,8 @@ CONTENDERS=(direct infermesh infermesh_quic nginx nginx_tls haproxy)
 INSTR_EXTRA=(infermesh_info)
 [ "${BENCH_INFO:-0}" != 1 ] || { CONTENDERS+=(infermesh_info) && INSTR_EXTRA=(); }
 
+ONLY=${BENCH_ONLY:-}
+[ -z "$ONLY" ] || [ "$ONLY" = routing ] || { echo "bench: BENCH_ONLY=$ONLY: only routing runs alone" >&2; exit 2; }
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   MANY_TOKENS=8 # 2 s streams
@@ -91,9 +109,11 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # nginx, haproxy and valgrind (instruction counts) from Debian's packages
 # when missing.
 need=()
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
-command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+if [ -z "$ONLY" ]; then
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+  command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -119,7 +139,8 @@ if [ -n "${BENCH_COMPARE:-}" ] && [ ! -x "$BENCH_COMPARE" ]; then
   BENCH_COMPARE=$WORK/infermeshd-before
 fi
 
-mapfile -t PORTS < <("$LOADGEN" -free-ports 34)
+# 0-33 the contenders', 34-57 the routing benchmark's.
+mapfile -t PORTS < <("$LOADGEN" -free-ports 58)
 port() { echo "${PORTS[$1]}"; }
 P_FAST=$(port 0) P_STREAM=$(port 1) P_MANY=$(port 2)
 
@@ -153,6 +174,126 @@ start() {
   LAST_PID=$!
   PIDS+=("$LAST_PID")
 }
+
+# --- the routing benchmark -------------------------------------------------
+# Engine timings, scaled down so that a run takes seconds: prefill 100 us
+# per uncached prompt token (a 2,100-token prompt takes 210 ms, 12 ms with
+# its tenant's 1,984-token system prompt cached), decode 5 ms per token and
+# 32 output tokens, so a request holds its slot about 0.17 s warm and 0.37 s
+# cold, where a real one holds it for seconds (hundreds of output tokens at
+# 10-20 ms). Each engine's cache holds 16,384 tokens: 8 of the 16 tenants'
+# prefixes. Affinity keeps about 16/3 tenants on each engine, which fit;
+# spreading every tenant over every engine does not.
+ROUTING_SLOTS=4
+ROUTING_PREFILL=100us
+ROUTING_DECODE=5ms
+ROUTING_TOKENS=32
+ROUTING_CACHE=16384
+ROUTING_BLOCK=64
+
+# routing_phase starts the engines and the six agents, waits until every
+# consumer has every peer as a candidate, runs the load generator's routing
+# phase (its arguments are appended) and stops everything it started.
+routing_phase() {
+  local d=$WORK/routing first=${#PIDS[@]} t0 n i node others role join want spec
+  t0=$(date +%s.%N)
+  rm -rf "$d"
+  mkdir -p "$d"
+  # Each node's loopback address; the engines' PORTS indexes; then three
+  # ports a node (gossip, QUIC, the role's) from index 38 on.
+  local -A IP=([a]=127.0.0.1 [b]=127.0.0.2 [c]=127.0.0.3 [d]=127.0.0.4 [e]=127.0.0.5 [f]=127.0.0.6)
+  local -A ENG=([b]=34 [c]=35 [d]=36 [f]=37)
+  local -A GOSSIP QUICP ROLE KEY
+  local nodes=(a b c d e f) idx=38
+  for node in "${nodes[@]}"; do
+    GOSSIP[$node]=$(port $idx) QUICP[$node]=$(port $((idx + 1))) ROLE[$node]=$(port $((idx + 2)))
+    idx=$((idx + 3))
+    mkdir -p "$d/$node"
+    KEY[$node]=$(bin/infermesh keygen --state-dir "$d/$node" | head -1) || die "routing: infermesh keygen for $node failed"
+  done
+  bin/infermesh keygen --gossip --keyring "$d/a/keyring.json" >/dev/null || die "routing: infermesh keygen --gossip failed"
+  eng_addr() { echo "${IP[$1]}:$(port "${ENG[$1]}")"; }
+  for node in b c d f; do
+    start "routing-engine-$node" bin/infermesh-demo -listen "$(eng_addr $node)" -model demo -log-level warn \
+      -parallel "$ROUTING_SLOTS" -prefill-per-token "$ROUTING_PREFILL" -decode-per-token "$ROUTING_DECODE" -tokens "$ROUTING_TOKENS" \
+      -cache-tokens "$ROUTING_CACHE" -cache-block "$ROUTING_BLOCK" -metrics vllm
+  done
+  for node in b c d f; do
+    wait_http "http://$(eng_addr $node)/health" || die "routing: engine $node did not start (see $WORK/routing-engine-$node.log)"
+  done
+  for node in "${nodes[@]}"; do
+    [ "$node" = a ] || cp -p "$d/a/keyring.json" "$d/$node/keyring.json"
+    others=
+    for i in "${nodes[@]}"; do
+      [ "$i" = "$node" ] || others+="{name: $i, public_key: \"${KEY[$i]}\"}, "
+    done
+    join=
+    [ "$node" = a ] || join=", join: [\"${IP[a]}:${GOSSIP[a]}\"]"
+    case $node in
+      b | c | d) role="{port: ${ROLE[$node]}, upstream: \"http://$(eng_addr "$node")\", model: demo, expose: true, serve_to: [a, e, f]}" ;;
+      a | e) role="{port: ${ROLE[$node]}, accept_from: [b, c, d]}" ;;
+      f) role="{port: ${ROLE[$node]}, upstream: \"http://$(eng_addr f)\", model: demo, accept_from: [b, c, d]}" ;;
+    esac
+    cat >"$d/$node.yaml" <<EOF
+node: {name: $node, state_dir: $d/$node}
+log: {level: warn}
+admin: {socket: $d/$node/admin.sock}
+mesh: {bind: "${IP[$node]}:${GOSSIP[$node]}", quic: "${IP[$node]}:${QUICP[$node]}"$join}
+trust: {nodes: [${others%, }]}
+roles:
+  chat: $role
+EOF
+    start "routing-$node" bin/infermeshd -config "$d/$node.yaml"
+  done
+  # Until each consumer has every peer (and f its own engine too) as a
+  # candidate for chat, and answers through it.
+  for node in a e f; do
+    want=3
+    [ "$node" = f ] && want=4
+    for i in $(seq 1 300); do
+      n=$(bin/infermesh --socket "$d/$node/admin.sock" --json route chat 2>/dev/null | grep -c '"candidate": *true' || true)
+      [ "$n" -ge "$want" ] && break
+      [ "$i" -lt 300 ] || die "routing: $node has $n of $want candidates for chat after 30 s (see $WORK/routing-*.log)"
+      sleep 0.1
+    done
+    wait_http "http://127.0.0.1:${ROLE[$node]}/v1/chat/completions" "$(chat_body chat)" || die "routing: chat not served through $node"
+  done
+  local scale="Scaled down so that a run takes seconds: $ROUTING_TOKENS output tokens, so a request holds its slot about 0.17 s with its prefix cached and 0.37 s without (a real one holds it for seconds: hundreds of tokens at 10-20 ms); each cache holds 8 of the 16 tenants' prefixes, so affinity (16/3 tenants an engine) fits where spreading every tenant everywhere does not."
+  local e3='{"name":"b","addr":"%s"},{"name":"c","addr":"%s"},{"name":"d","addr":"%s"}'
+  # The quick mode runs the rates the targets name only: the three peers at
+  # 1x and 1.3x, the busy local instance at 1x.
+  local rates1= rates2=
+  [ "$QUICK" = 1 ] && rates1=',"rates":[1,1.3]' rates2=',"rates":[1]'
+
+  spec=$(printf '{"engine":{"slots":%d,"prefill_per_token":"%s","decode_per_token":"%s","cache_tokens":%d,"cache_block":%d,"model":"demo","scale":"%s"},"topologies":[' \
+    "$ROUTING_SLOTS" "$ROUTING_PREFILL" "$ROUTING_DECODE" "$ROUTING_CACHE" "$ROUTING_BLOCK" "$scale")
+  spec+=$(printf '{"name":"peers","desc":"consumer a (no instance) → QUIC → peers b, c, d, one engine each","engines":['"$e3"'],' \
+    "$(eng_addr b)" "$(eng_addr c)" "$(eng_addr d)")
+  spec+=$(printf '"mesh":[{"name":"infermesh","desc":"through consumer a","addrs":["127.0.0.1:%s"],"model":"chat"},{"name":"infermesh-2","desc":"alternately through consumers a and e","addrs":["127.0.0.1:%s","127.0.0.1:%s"],"model":"chat"}]%s},' \
+    "${ROLE[a]}" "${ROLE[a]}" "${ROLE[e]}" "$rates1")
+  spec+=$(printf '{"name":"local","desc":"consumer f serves chat too, from its own engine, beside peers b, c, d","engines":[{"name":"f","addr":"%s"},'"$e3"'],' \
+    "$(eng_addr f)" "$(eng_addr b)" "$(eng_addr c)" "$(eng_addr d)")
+  spec+=$(printf '"mesh":[{"name":"infermesh","desc":"through consumer f","addrs":["127.0.0.1:%s"],"model":"chat"}]%s}]}' "${ROLE[f]}" "$rates2")
+  echo "$spec" >"$d/spec.json"
+  log "routing: 4 engines and 6 agents up; running the routing phase"
+  local mode=
+  [ "$QUICK" = 1 ] && mode=-quick
+  # shellcheck disable=SC2086
+  "$LOADGEN" -routing "$d/spec.json" $mode "$@" ${BENCH_ROUTING_ARGS:-} || die "routing: the load generator failed"
+  for ((i = first; i < ${#PIDS[@]}; i++)); do
+    kill -0 "${PIDS[$i]}" 2>/dev/null || die "routing: process ${PIDS[$i]} exited during the phase (see $WORK/routing-*.log)"
+  done
+  for ((i = first; i < ${#PIDS[@]}; i++)); do kill "${PIDS[$i]}" 2>/dev/null || true; done
+  for ((i = first; i < ${#PIDS[@]}; i++)); do wait "${PIDS[$i]}" 2>/dev/null || true; done
+  PIDS=("${PIDS[@]:0:first}")
+  phase_done "routing" "$t0"
+}
+
+if [ "$ONLY" = routing ]; then
+  printf '{"started":%d,"loadavg_start":"%s","phases":[]}\n' "$RUN_STARTED" "$LOAD_START" >"$WORK/harness.json"
+  routing_phase -out bench/results -harness "$WORK/harness.json"
+  exit 0
+fi
 
 # --- the upstream: the demo model -----------------------------------------
 start demo-fast bin/infermesh-demo -listen "127.0.0.1:$P_FAST" -log-level warn
@@ -531,6 +672,12 @@ ENTRIES=()
 ) >"$WORK/instructions.json"
 [ -z "${BENCH_INSTR_ONLY:-}" ] || exit 0
 
+ROUTING_ARGS=()
+if [ "${BENCH_SKIP_ROUTING:-0}" != 1 ]; then
+  routing_phase -routing-out "$WORK/routing.json"
+  ROUTING_ARGS=(-routing-results "$WORK/routing.json")
+fi
+
 T0=$(date +%s.%N)
 for c in "${CONTENDERS[@]}"; do
   log "starting contender $c"
@@ -553,7 +700,7 @@ META=$(printf '{"nginx":"%s","haproxy":"%s","commit":"%s","kernel":"%s","udp qui
 
 log "running the load generator"
 # shellcheck disable=SC2086
-"$LOADGEN" -contenders "$WORK/contenders.json" -instructions "$WORK/instructions.json" -harness "$WORK/harness.json" -out bench/results $LOADGEN_MODE -meta "$META" \
+"$LOADGEN" -contenders "$WORK/contenders.json" -instructions "$WORK/instructions.json" -harness "$WORK/harness.json" -out bench/results $LOADGEN_MODE -meta "$META" "${ROUTING_ARGS[@]}" \
   -stream-tokens "$STREAM_TOKENS" -stream-delay "$STREAM_DELAY" \
   -many-tokens "$MANY_TOKENS" -many-delay "$MANY_DELAY" ${BENCH_ARGS:-}
 

@@ -147,6 +147,21 @@ type generation struct {
 	promptTokens int
 	finish       string // "stop", or "length" when max_tokens cut the answer short
 	created      int64
+	// job is the request's slot in engine mode (nil otherwise), and
+	// cachedTokens its prompt tokens found in the prefix cache.
+	job          *job
+	cachedTokens int
+}
+
+// done records that the answer is complete.
+func (g *generation) done() {
+	if g.job == nil {
+		return
+	}
+	g.job.reason = finishStop
+	if g.finish == "length" {
+		g.job.reason = finishLength
+	}
 }
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKind) {
@@ -179,9 +194,25 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKin
 		g.tokens = int(req.maxTokens)
 		g.finish = "length"
 	}
+	if s.eng != nil {
+		// A slot, then the prefill of what the cache does not hold; the
+		// response begins with the first token, as llama-server's does.
+		p := tokenizePrompt(req.prompt, k.chat, s.cfg.CacheBlock, nil)
+		j, err := s.eng.admit(r.Context(), p, g.tokens, req.stream)
+		if err != nil {
+			s.canceled.Add(1)
+			return
+		}
+		defer j.finish()
+		g.job, g.promptTokens, g.cachedTokens = j, p.n, j.cached
+		if !j.prefill(r.Context()) {
+			s.canceled.Add(1)
+			return
+		}
+	}
 	if ce := s.log.Check(zap.DebugLevel, "generate"); ce != nil {
 		ce.Write(zap.String("endpoint", k.endpoint), zap.Bool("stream", req.stream),
-			zap.Int("tokens", g.tokens), zap.Uint64("seed", g.seed))
+			zap.Int("tokens", g.tokens), zap.Uint64("seed", g.seed), zap.Int("cached_tokens", g.cachedTokens))
 	}
 	if req.stream {
 		s.stream(w, r, k, &g, req.includeUsage, buf)
@@ -189,11 +220,15 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKin
 	}
 	// Simulate generation time: the answer is ready when the last token
 	// would have been streamed.
-	if d := s.cfg.TokenDelay * time.Duration(g.tokens-1); d > 0 {
+	if d := s.decode * time.Duration(g.tokens-1); d > 0 {
 		if !ctxwait.Sleep(r.Context(), d) {
 			s.canceled.Add(1)
 			return
 		}
+	}
+	if g.job != nil {
+		g.job.tokens(g.tokens)
+		g.done()
 	}
 	b := s.appendHead((*buf)[:0], k, k.object, &g)
 	if k.chat {
@@ -235,6 +270,11 @@ func appendUsage(b []byte, g *generation) []byte {
 	b = strconv.AppendInt(b, int64(g.tokens), 10)
 	b = append(b, `,"total_tokens":`...)
 	b = strconv.AppendInt(b, int64(g.promptTokens+g.tokens), 10)
+	if g.job != nil {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(g.cachedTokens), 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 
@@ -244,7 +284,7 @@ var (
 )
 
 // stream answers with server-sent events: a keep-alive comment, one chunk
-// per token (TokenDelay apart), a final chunk with the finish reason, the
+// per token (TokenDelay, or DecodePerToken, apart), a final chunk with the finish reason, the
 // usage chunk if asked for, and [DONE]. Every event is flushed. It stops as
 // soon as the request context ends or a write fails, counting the request
 // as canceled.
@@ -291,11 +331,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, k *genKind, g *g
 		*buf = b
 	}()
 	for i := 0; i < g.tokens; i++ {
-		if i > 0 && s.cfg.TokenDelay > 0 {
+		if i > 0 && s.decode > 0 {
 			if timer == nil {
-				timer = time.NewTimer(s.cfg.TokenDelay)
+				timer = time.NewTimer(s.decode)
 			} else {
-				timer.Reset(s.cfg.TokenDelay)
+				timer.Reset(s.decode)
 			}
 			select {
 			case <-ctx.Done():
@@ -327,6 +367,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, k *genKind, g *g
 			canceled("write failed")
 			return
 		}
+		if g.job != nil {
+			g.job.tokens(1)
+		}
 	}
 
 	b = b[:prefix]
@@ -356,5 +399,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, k *genKind, g *g
 		canceled("write failed")
 		return
 	}
+	g.done()
 	s.streamsCompleted.Add(1)
 }

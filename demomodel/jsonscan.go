@@ -51,6 +51,37 @@ func (it *objIter) next() (key, val []byte, ok bool) {
 	return key, d[i:vEnd], true
 }
 
+// arrIter walks the elements of a JSON array (valid JSON, as objIter).
+type arrIter struct {
+	data []byte
+	i    int
+}
+
+// newArrIter returns an iterator over the array in data, or false if data
+// (valid JSON) is not an array.
+func newArrIter(data []byte) (arrIter, bool) {
+	i := jsonskip.WS(data, 0)
+	if i >= len(data) || data[i] != '[' {
+		return arrIter{}, false
+	}
+	return arrIter{data: data, i: i + 1}, true
+}
+
+// next returns the next element's raw value.
+func (it *arrIter) next() (val []byte, ok bool) {
+	d := it.data
+	i := jsonskip.WS(d, it.i)
+	if i < len(d) && d[i] == ',' {
+		i = jsonskip.WS(d, i+1)
+	}
+	if i >= len(d) || d[i] == ']' {
+		return nil, false
+	}
+	end := skipValue(d, i)
+	it.i = end
+	return d[i:end], true
+}
+
 // keyIs reports whether the raw key equals name, unescaping the key first in
 // the rare case it contains escapes.
 func keyIs(raw []byte, name string) bool {

@@ -5,10 +5,96 @@
 // container image.
 //
 // Served endpoints: GET /health, GET /v1/models, GET /v1/models/{id},
-// POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings.
-// The same request always gets the same answer: completion tokens are
-// picked from a fixed word list by a hash of the prompt, embeddings are
-// unit-norm vectors seeded by a hash of each input.
+// POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings;
+// in engine mode also GET /metrics, GET /slots and POST
+// /reset_prefix_cache (below). The same request always gets the same
+// answer: completion tokens are picked from a fixed word list by a hash of
+// the prompt, embeddings are unit-norm vectors seeded by a hash of each
+// input.
+//
+// # Engine mode
+//
+// With Config.Parallel above 0 the model behaves like an inference server
+// under load, so that where a request goes makes a difference:
+//
+//   - Slots. Parallel generation requests run at once, as llama-server's
+//     --parallel slots; the others wait in a FIFO queue (vLLM queues
+//     beyond its batch the same way). A client that goes away frees its
+//     place at once: in the queue, in the prefill or while it streams.
+//   - Prompt tokens, deterministically: a message's content of n bytes is
+//     max(1, ceil(n/4)) tokens (token i is bytes 4i to 4i+4; the first
+//     also carries the role), and a prompt is its messages' tokens in
+//     order. The content is the string, or the "text" of its parts
+//     concatenated; a text completion's prompt is one message. usage
+//     reports this count (outside engine mode prompt_tokens is the raw
+//     JSON's bytes / 4).
+//   - A prefix cache. The prompt is cut into blocks of CacheBlock tokens;
+//     a block's hash covers the hash of the block before it and its own
+//     bytes, so it names the whole prefix up to its end. A request's
+//     cached length is the longest run of leading blocks in the cache
+//     (less the last token when that is the whole prompt: it is computed
+//     again for its logits, as vLLM does). Once its prefill is done, the
+//     prompt's full blocks go into an LRU of CacheTokens tokens, touched
+//     from the last to the first, so a prefix is evicted from its end and
+//     what is left stays usable (vLLM frees a request's blocks in reverse
+//     order for the same reason: vllm/v1/core/kv_cache_manager.py, free).
+//     POST /reset_prefix_cache empties it (vLLM's endpoint of that name).
+//   - Timing. On its slot a request first sleeps PrefillPerToken per
+//     uncached prompt token, then sends its first token, then one every
+//     DecodePerToken; max_tokens bounds the output (Tokens otherwise).
+//     Each slot runs alone: no batching slows one slot down for another.
+//     As llama-server, the response head goes out with the first token.
+//   - usage carries prompt_tokens_details.cached_tokens, as OpenAI's does.
+//
+// Stats reports the engine's own accounting: requests running and
+// waiting, prompt, cached, prefilled and generated tokens, and the nominal
+// prefill time (prefilled tokens × PrefillPerToken).
+//
+// # Metrics
+//
+// GET /metrics, with Config.Metrics:
+//
+//   - llamacpp: llama-server's --metrics, as its handler writes them
+//     (ggml-org/llama.cpp tools/server/server.cpp, formerly
+//     examples/server/server.cpp): every family unlabelled, with its HELP
+//     and TYPE lines, the counters llamacpp:prompt_tokens_total (the
+//     tokens it prefilled: cached ones are not processed),
+//     prompt_seconds_total, tokens_predicted_total and
+//     tokens_predicted_seconds_total, then the gauges
+//     prompt_tokens_seconds, predicted_tokens_seconds,
+//     kv_cache_usage_ratio (the cache's tokens ÷ its capacity),
+//     kv_cache_tokens, requests_processing (busy slots) and
+//     requests_deferred (waiting); Content-Type "text/plain;
+//     version=0.0.4" and a Process-Start-Time-Unix header. The two
+//     kv_cache gauges are from the versions before llama.cpp removed its
+//     KV-cache view (2025); n_decode_total, n_busy_slots_per_decode and
+//     n_tokens_max are left out (no batches here). Values are written
+//     exactly, where llama.cpp's stream keeps 6 digits.
+//   - vllm: vLLM's, as vllm/v1/metrics/loggers.py (PrometheusStatLogger)
+//     defines them and prometheus_client writes them (counters get
+//     _total, values are floats, labels model_name and engine="0"):
+//     vllm:num_requests_running, num_requests_waiting,
+//     kv_cache_usage_perc and the older gpu_cache_usage_perc (the blocks
+//     the running requests hold ÷ the capacity: cached blocks nobody uses
+//     count as free, as in vLLM), prefix_cache_queries_total and
+//     prefix_cache_hits_total (in tokens), prompt_tokens_total (every
+//     prompt token), generation_tokens_total and request_success_total
+//     with finished_reason stop, length or abort. Histograms and the
+//     _created series are left out.
+//   - none: no /metrics (404), the default.
+//
+// GET /slots (with llamacpp only) is llama-server's: one object per slot
+// with id, n_ctx (its share of CacheTokens), speculative, is_processing
+// and, once the slot ran a task (it keeps the last one), id_task,
+// n_prompt_tokens, n_prompt_tokens_processed, n_prompt_tokens_cache,
+// params (n_predict, stream) and next_token [{has_next_token,
+// has_new_line, n_remain, n_decoded}] (server_slot::to_json); with
+// ?fail_on_no_slot=1 it answers 503 "no slot available" when every slot is
+// busy.
+//
+// For Config.LoadTime after New, everything but the model list answers
+// 503 {"error":{"code":503,"message":"Loading model","type":
+// "unavailable_error"}}, what llama-server answers while it loads.
 package demomodel
 
 import (
@@ -34,7 +120,8 @@ type Stats struct {
 	Embeddings      uint64
 	// NotFound counts requests to unknown paths.
 	NotFound uint64
-	// Errors counts requests answered with an error status (4xx).
+	// Errors counts requests answered with an error status (4xx, and 503
+	// while loading or from /slots?fail_on_no_slot).
 	Errors uint64
 	// Canceled counts requests whose client went away (request context
 	// ended or a write failed) before the answer was complete.
@@ -43,6 +130,22 @@ type Stats struct {
 	// that reached "data: [DONE]".
 	StreamsStarted   uint64
 	StreamsCompleted uint64
+
+	// The engine's figures (engine mode only; zero otherwise).
+	// Running and Waiting are the requests on a slot and in the queue
+	// now.
+	Running, Waiting int
+	// PromptTokens are the prompt tokens of every request that got a
+	// slot: CachedTokens of them came from the prefix cache and
+	// PrefilledTokens were prefilled. CompletionTokens were generated.
+	PromptTokens, CachedTokens, PrefilledTokens, CompletionTokens uint64
+	// PrefillTime is the time prefills took (PrefilledTokens ×
+	// PrefillPerToken: the engine's own accounting, not a clock).
+	PrefillTime time.Duration
+	// CacheTokens are the tokens the prefix cache holds now;
+	// CacheEvictions counts the blocks it evicted.
+	CacheTokens    int
+	CacheEvictions uint64
 }
 
 // Server is the demo model. It is an http.Handler, safe for concurrent use;
@@ -50,6 +153,12 @@ type Stats struct {
 type Server struct {
 	cfg Config
 	log *zap.Logger
+
+	eng     *engine       // nil unless cfg.Parallel > 0
+	decode  time.Duration // between generated tokens
+	started time.Time
+	readyAt time.Time        // the end of LoadTime
+	now     func() time.Time // the clock of LoadTime (tests set it)
 
 	modelJSON []byte // the served model id as a JSON string literal
 	modelList []byte // the /v1/models response body
@@ -68,7 +177,11 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, decode: max(cfg.TokenDelay, cfg.DecodePerToken), started: time.Now(), now: time.Now}
+	s.readyAt = s.started.Add(cfg.LoadTime)
+	if cfg.Parallel > 0 {
+		s.eng = newEngine(cfg, s.decode)
+	}
 	s.modelJSON = appendJSONString(nil, cfg.Model)
 	s.modelObj = s.appendModelObject(nil, time.Now().Unix())
 	s.modelList = append(append([]byte(`{"object":"list","data":[`), s.modelObj...), "]}"...)
@@ -80,7 +193,7 @@ func (s *Server) Config() Config { return s.cfg }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
-	return Stats{
+	st := Stats{
 		Health:           s.health.Load(),
 		Models:           s.models.Load(),
 		ChatCompletions:  s.chat.Load(),
@@ -92,6 +205,14 @@ func (s *Server) Stats() Stats {
 		StreamsStarted:   s.streamsStarted.Load(),
 		StreamsCompleted: s.streamsCompleted.Load(),
 	}
+	if s.eng != nil {
+		sn := s.eng.snapshot()
+		st.Running, st.Waiting = sn.running, sn.waiting
+		st.PromptTokens, st.CachedTokens, st.PrefilledTokens, st.CompletionTokens = sn.c.prompt, sn.c.cached, sn.c.prefilled, sn.c.generated
+		st.PrefillTime = sn.c.prefillTime
+		st.CacheTokens, st.CacheEvictions = sn.cacheTokens, sn.evicted
+	}
+	return st
 }
 
 func (s *Server) appendModelObject(b []byte, created int64) []byte {
@@ -115,7 +236,20 @@ var (
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch path := r.URL.Path; path {
+	path := r.URL.Path
+	if s.cfg.LoadTime > 0 && s.now().Before(s.readyAt) && path != "/v1/models" && !strings.HasPrefix(path, "/v1/models/") {
+		// llama-server while it loads: the model list answers, nothing else.
+		if path == "/health" {
+			s.health.Add(1)
+		}
+		s.errorsN.Add(1)
+		s.writeJSON(w, http.StatusServiceUnavailable, llamaUnavailable("Loading model"))
+		return
+	}
+	if s.eng != nil && s.serveEngine(w, r) {
+		return
+	}
+	switch path {
 	case "/v1/chat/completions":
 		s.chat.Add(1)
 		if s.requirePost(w, r) {

@@ -61,6 +61,7 @@ type respHead struct {
 	contentLength int64 // -1 when absent
 	chunked       bool
 	close         bool
+	retryAfter    bool // a Retry-After header came with it
 }
 
 var errBadResponse = errors.New("malformed HTTP response")
@@ -105,6 +106,8 @@ func (c *conn) readHead() (respHead, error) {
 			h.chunked = bytes.Contains(bytes.ToLower(val), []byte("chunked"))
 		case asciiEqualFold(name, "connection"):
 			h.close = bytes.Contains(bytes.ToLower(val), []byte("close"))
+		case asciiEqualFold(name, "retry-after"):
+			h.retryAfter = true
 		}
 	}
 }
@@ -201,16 +204,23 @@ type frame struct {
 // as it arrives. It returns after [DONE] and the end of the body, the
 // connection staying usable when the server keeps it alive.
 func (c *conn) stream(req []byte, keepData bool, onFrame func(frame)) (status int, err error) {
+	h, err := c.streamHead(req, keepData, onFrame)
+	return h.status, err
+}
+
+// streamHead is stream returning the whole response head (status 0: none
+// came).
+func (c *conn) streamHead(req []byte, keepData bool, onFrame func(frame)) (respHead, error) {
 	if _, err := c.c.Write(req); err != nil {
-		return 0, err
+		return respHead{}, err
 	}
 	h, err := c.readHead()
 	if err != nil {
-		return 0, err
+		return respHead{}, err
 	}
 	if h.status != 200 {
 		_, _ = c.drain(h)
-		return h.status, fmt.Errorf("status %d", h.status)
+		return h, fmt.Errorf("status %d", h.status)
 	}
 	var body io.Reader
 	switch {
@@ -252,18 +262,18 @@ func (c *conn) stream(req []byte, keepData bool, onFrame func(frame)) (status in
 			break
 		}
 		if err != nil {
-			return h.status, err
+			return h, err
 		}
 	}
 	if !sawDone {
-		return h.status, errors.New("stream ended without data: [DONE]")
+		return h, errors.New("stream ended without data: [DONE]")
 	}
 	if h.chunked {
 		if err := c.readTrailer(); err != nil {
-			return h.status, err
+			return h, err
 		}
 	}
-	return h.status, closeIf(h)
+	return h, closeIf(h)
 }
 
 func (c *conn) drain(h respHead) (int64, error) {

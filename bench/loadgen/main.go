@@ -8,8 +8,15 @@
 // mesh convergence through mesh/meshbench, and prints and writes a markdown
 // and a JSON report.
 //
+// With -routing it runs the routing benchmark instead (routing.go): engines
+// in engine mode behind a mesh of agents, described by bench/run.sh; its
+// results go into a report of their own, or (-routing-out, then
+// -routing-results) into the main one.
+//
 // It exits 1 when the harness breaks: a contender answers with an error, a
-// response is malformed, or a stream is cut. Speed is never asserted.
+// response is malformed, or a stream is cut; in the routing benchmark, a
+// run in which no request succeeds or an engine that cannot be read.
+// Requests the routing rows fail are figures. Speed is never asserted.
 package main
 
 import (
@@ -140,6 +147,16 @@ func run(ctx context.Context, args []string) error {
 	fixedAddr := fs.String("addr", "", "with -fixed: host:port")
 	fixedModel := fs.String("model", "demo", "with -fixed: the model to ask for")
 	freePorts := fs.Int("free-ports", 0, "print this many free loopback TCP ports and exit (for bench/run.sh)")
+	routingPath := fs.String("routing", "", "run the routing benchmark on the topologies this JSON file describes (written by bench/run.sh), alone")
+	routingOut := fs.String("routing-out", "", "with -routing: write the results to this JSON file for a later -routing-results, instead of a report")
+	routingResults := fs.String("routing-results", "", "JSON file of routing results (from -routing-out) to include in the report")
+	rw := defaultRoutingWorkload()
+	fs.StringVar(&rw.Popularity, "routing-popularity", rw.Popularity, "routing workload: tenant popularity, uniform or zipf")
+	fs.Float64Var(&rw.ZipfS, "routing-zipf-s", rw.ZipfS, "routing workload: the Zipf exponent")
+	fs.IntVar(&rw.Turns, "routing-turns", rw.Turns, "routing workload: turns per conversation (later turns repeat the history)")
+	fs.Uint64Var(&rw.Seed, "routing-seed", rw.Seed, "routing workload: the seed of tenants, queries, popularity and arrivals")
+	routingRates := fs.String("routing-rates", "", "routing: comma-separated fractions of capacity instead of 0.5,1,1.3")
+	routingWindow := fs.Duration("routing-window", 0, "routing: each run's measured window instead of the mode's")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -149,8 +166,53 @@ func run(ctx context.Context, args []string) error {
 	if *fixed > 0 {
 		return fixedRequests(ctx, *fixedAddr, *fixedModel, *fixed)
 	}
+	extra := udpFacts()
+	if *meta != "" {
+		if err := json.Unmarshal([]byte(*meta), &extra); err != nil {
+			return fmt.Errorf("-meta: %w", err)
+		}
+	}
+	if *routingPath != "" {
+		rp := routingParams(*quick)
+		if *routingRates != "" {
+			rates, err := parseFloats(*routingRates)
+			if err != nil {
+				return fmt.Errorf("-routing-rates: %w", err)
+			}
+			rp.Rates = rates
+		}
+		if *routingWindow > 0 {
+			rp.Window = *routingWindow
+		}
+		var spec RoutingSpec
+		if err := readJSON(*routingPath, &spec); err != nil {
+			return err
+		}
+		if err := checkRoutingSpec(spec); err != nil {
+			return err
+		}
+		started := time.Now()
+		res, err := runRouting(ctx, spec, rw, rp)
+		if err != nil {
+			return err
+		}
+		if *routingOut != "" {
+			js, err := json.MarshalIndent(res, "", "  ")
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(*routingOut, js, 0o644)
+		}
+		var h Harness
+		if *harnessPath != "" {
+			if err := readJSON(*harnessPath, &h); err != nil {
+				return err
+			}
+		}
+		return writeReport(routingReport(started, *quick, extra, h, res), *outDir)
+	}
 	if *contendersPath == "" {
-		return errors.New("-contenders is required")
+		return errors.New("-contenders (or -routing) is required")
 	}
 	var cs []Contender
 	if err := readJSON(*contendersPath, &cs); err != nil {
@@ -159,10 +221,11 @@ func run(ctx context.Context, args []string) error {
 	if len(cs) == 0 || cs[0].Name != "direct" || cs[0].Missing != "" {
 		return errors.New("the first contender must be the measured direct path")
 	}
-	extra := udpFacts()
-	if *meta != "" {
-		if err := json.Unmarshal([]byte(*meta), &extra); err != nil {
-			return fmt.Errorf("-meta: %w", err)
+	var routing *RoutingResults
+	if *routingResults != "" {
+		routing = &RoutingResults{}
+		if err := readJSON(*routingResults, routing); err != nil {
+			return err
 		}
 	}
 
@@ -215,32 +278,10 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	rep := b.report(extra, h, instr)
-	md := rep.Markdown()
-	fmt.Print(md)
-
-	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+	rep := b.report(extra, h, instr, routing)
+	if err := writeReport(rep, *outDir); err != nil {
 		return err
 	}
-	stamp := rep.Started.UTC().Format("20060102-150405")
-	mode := "full"
-	if p.Quick {
-		mode = "quick"
-	}
-	base := filepath.Join(*outDir, stamp+"-"+mode)
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	for path, data := range map[string][]byte{
-		base + ".md": []byte(md), base + ".json": js,
-		filepath.Join(*outDir, "latest-"+mode+".md"): []byte(md), filepath.Join(*outDir, "latest-"+mode+".json"): js,
-	} {
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			return err
-		}
-	}
-	fmt.Printf("\nwritten: %s.md, %s.json\n", base, base)
 	if n := rep.Errors(); n > 0 {
 		return fmt.Errorf("the harness saw %d error(s); see the report", n)
 	}
@@ -262,6 +303,45 @@ func run(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// writeReport prints the report's markdown and writes it, with its JSON,
+// to outDir: <started>-<mode>.md and .json, and latest-<mode>.md and .json.
+func writeReport(rep *Report, outDir string) error {
+	md := rep.Markdown()
+	fmt.Print(md)
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	stamp := rep.Started.UTC().Format("20060102-150405")
+	base := filepath.Join(outDir, stamp+"-"+rep.Mode)
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	for path, data := range map[string][]byte{
+		base + ".md": []byte(md), base + ".json": js,
+		filepath.Join(outDir, "latest-"+rep.Mode+".md"): []byte(md), filepath.Join(outDir, "latest-"+rep.Mode+".json"): js,
+	} {
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nwritten: %s.md, %s.json\n", base, base)
+	return nil
+}
+
+// parseFloats parses a comma-separated list of positive numbers.
+func parseFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // readJSON decodes the JSON file at path into v.

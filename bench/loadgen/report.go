@@ -93,9 +93,12 @@ type Report struct {
 	// BareH3 is a bare HTTP/3 exchange at c=1 (two mesh transports in the
 	// load generator's process), measured with infermesh-quic; BareH3Note
 	// says why it is missing.
-	BareH3     *LatFig       `json:"bare_h3_c1,omitempty"`
-	BareH3Note string        `json:"bare_h3_note,omitempty"`
-	Targets    []TargetCheck `json:"targets"`
+	BareH3     *LatFig `json:"bare_h3_c1,omitempty"`
+	BareH3Note string  `json:"bare_h3_note,omitempty"`
+	// Routing is the routing benchmark's results (bench/run.sh runs it
+	// apart, before the contenders start).
+	Routing *RoutingResults `json:"routing,omitempty"`
+	Targets []TargetCheck   `json:"targets"`
 	// Phases are the parts of the whole run (bench/run.sh's, then the
 	// load generator's) and how long each took; Total is from bench/run.sh's
 	// start (the load generator's when it ran alone) to the report.
@@ -206,7 +209,27 @@ func ratios(x, base []float64) []float64 {
 	return out
 }
 
-func (b *bench) report(meta map[string]string, h Harness, instr []instrCount) *Report {
+// routingReport is the report of a routing phase run alone (mode
+// quick-routing or full-routing).
+func routingReport(started time.Time, quick bool, meta map[string]string, h Harness, rr *RoutingResults) *Report {
+	mode := "full-routing"
+	if quick {
+		mode = "quick-routing"
+	}
+	r := &Report{
+		Started: started, Elapsed: time.Since(started).Round(time.Second).String(), Mode: mode,
+		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta,
+		Phases: slices.Clone(h.Phases), LoadStart: h.LoadStart, LoadEnd: loadAvg(), Routing: rr,
+	}
+	if h.Started > 0 {
+		started = time.Unix(h.Started, 0)
+	}
+	r.Total = time.Since(started).Round(time.Second).String()
+	r.Targets = r.summary()
+	return r
+}
+
+func (b *bench) report(meta map[string]string, h Harness, instr []instrCount, routing *RoutingResults) *Report {
 	mode := "full"
 	if b.p.Quick {
 		mode = "quick"
@@ -215,6 +238,7 @@ func (b *bench) report(meta map[string]string, h Harness, instr []instrCount) *R
 		Started: b.started, Elapsed: time.Since(b.started).Round(time.Second).String(), Mode: mode,
 		Cores: runtime.NumCPU(), CPU: cpuModel(), GoVersion: runtime.Version(), Meta: meta, Params: b.p, Mesh: b.mesh, Sim: b.sim,
 		Instructions: instr, Phases: append(slices.Clone(h.Phases), b.phases...), LoadStart: h.LoadStart, LoadEnd: loadAvg(),
+		Routing: routing,
 	}
 	started := b.started
 	if h.Started > 0 {
@@ -302,8 +326,11 @@ func (r *Report) live(name string) *ContReport {
 // this run's figure, its goal and whether it was met, in a fixed order;
 // a row whose figure was not measured says why, met "n/a".
 func (r *Report) summary() []TargetCheck {
+	if len(r.Contenders) == 0 { // the routing phase alone
+		return r.routingRows()
+	}
 	im, ng, q := r.live("infermesh"), r.live("nginx"), r.live(quicName)
-	return []TargetCheck{
+	return append([]TargetCheck{
 		localLatencyRow(im, ng, "p99", func(f *LatFig) (*Stat, float64) { return f.AddedP99, f.AddedP99Nginx }),
 		localLatencyRow(im, ng, "p50", func(f *LatFig) (*Stat, float64) { return f.AddedP50, f.AddedP50Nginx }),
 		localThroughputRow(im, ng, r.live("haproxy")),
@@ -317,7 +344,7 @@ func (r *Report) summary() []TargetCheck {
 		simRow(r, 1000),
 		cpuRow(r),
 		instrRow(r),
-	}
+	}, r.routingRows()...)
 }
 
 // notMeasured is a summary row without its figure.
@@ -614,7 +641,11 @@ func (r *Report) Markdown() string {
 	for _, k := range slices.Sorted(maps.Keys(r.Meta)) {
 		w(", %s %s", k, r.Meta[k])
 	}
-	w("; loopback, HTTP/1.1 keep-alive; %d interleaved repetitions, medians with the spread (min–max) in small print; the load generator took %s, the whole run %s.\n\n", p.Reps, r.Elapsed, r.Total)
+	if len(r.Contenders) == 0 {
+		w("; the routing phase alone; the load generator took %s, the whole run %s.\n\n", r.Elapsed, r.Total)
+	} else {
+		w("; loopback, HTTP/1.1 keep-alive; %d interleaved repetitions, medians with the spread (min–max) in small print; the load generator took %s, the whole run %s.\n\n", p.Reps, r.Elapsed, r.Total)
+	}
 	w("Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", orUnknown(r.LoadStart), orUnknown(r.LoadEnd))
 	if len(r.Phases) > 0 {
 		var ps []string
@@ -625,12 +656,22 @@ func (r *Report) Markdown() string {
 	}
 	if len(r.Targets) > 0 {
 		w("## Summary: the targets (reported, never asserted)\n\n")
-		w("Local path: infermesh; remote path: %s (added figures are a path's own minus direct's, per repetition); medians of this run. n/a: not measured in this run (the row says why).\n\n", quicName)
+		if len(r.Contenders) > 0 {
+			w("Local path: infermesh; remote path: %s (added figures are a path's own minus direct's, per repetition); medians of this run. ", quicName)
+		}
+		w("Routing rows: the routing section's figures (one run each). n/a: not measured in this run (the row says why).\n\n")
 		w("| target | this run | goal | met |\n| --- | --- | --- | --- |\n")
 		for _, t := range r.Targets {
 			w("| %s | %s | %s | %s |\n", t.Target, strings.ReplaceAll(t.Figure, "|", "/"), t.Goal, t.Met)
 		}
 		w("\n")
+	}
+
+	if len(r.Contenders) == 0 {
+		if r.Routing != nil {
+			r.Routing.markdown(w)
+		}
+		return sb.String()
 	}
 
 	na := func(c ContReport, cols int) bool {
@@ -779,6 +820,9 @@ func (r *Report) Markdown() string {
 			w("| %d | %g | %s | %s | %d / %d | %d + %d | %.0f | %.0f | %.0f KiB | %d KiB | %.0f / %.0f | %d |\n", m.N, m.TimeScale, cell(m.Membership), cell(m.Advert), m.AdvertQueueMax, m.AdvertQueueEnd,
 				m.FormPushPulls, m.SteadyPushPulls, m.AdvertBytesNodeS, m.BytesPerNodeSec-m.AdvertBytesNodeS, m.FormBytesPerNode/1024, m.HeapPerNodeKiB, m.CPUSeconds, m.WallSeconds, m.Overflows)
 		}
+	}
+	if r.Routing != nil {
+		r.Routing.markdown(w)
 	}
 	if n := r.Errors(); n > 0 {
 		w("\n## Errors\n\n")

@@ -74,6 +74,10 @@ func TestSummaryRows(t *testing.T) {
 		"remote hop added p50 ÷ 1.25", "remote c=64 req/s ÷ local", "remote hop vs nginx-tls",
 		"remote 4096 concurrent streams", "mesh N=100 real", "mesh N=50 real", "sim N=1000",
 		"CPU per request at c=64", "instructions per request",
+		"routing, about capacity: infermesh TTFT p90 ÷ direct oracle's", "routing, about capacity: infermesh TTFT p90 ÷ direct round robin's",
+		"routing, about capacity: infermesh prefix hit ratio", "routing, 1.3× capacity: infermesh output tokens/s",
+		"routing, 1.3× capacity: infermesh's errors", "routing, 1.3× capacity through infermesh: every engine's queue",
+		"routing, busy local instance", "routing, two consumers", "routing decision's own cost", "local path instructions per request ÷ the build before",
 	}
 	t.Run("nothing measured", func(t *testing.T) {
 		got := (&Report{Contenders: []ContReport{{Name: "direct"}}}).summary()

@@ -66,6 +66,14 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.IntVar(&o.demoModel.Tokens, "tokens", 16, "tokens per completion")
 	fs.DurationVar(&o.demoModel.TokenDelay, "token-delay", 0, "delay between streamed tokens (0 = answer at once)")
 	fs.IntVar(&o.demoModel.EmbeddingDim, "embedding-dim", 16, "embedding vector length")
+	// Engine mode (the demomodel package doc): on with -parallel.
+	fs.IntVar(&o.demoModel.Parallel, "parallel", 0, "engine mode: slots (requests at once); requests beyond them wait, FIFO (0 = no engine: any number at once)")
+	fs.DurationVar(&o.demoModel.PrefillPerToken, "prefill-per-token", 0, "engine: prefill cost per prompt token not in the prefix cache")
+	fs.DurationVar(&o.demoModel.DecodePerToken, "decode-per-token", 0, "cost per generated token after the first (the same setting as -token-delay)")
+	fs.IntVar(&o.demoModel.CacheTokens, "cache-tokens", 0, "engine: prefix cache capacity in tokens, LRU (0 = no cache)")
+	fs.IntVar(&o.demoModel.CacheBlock, "cache-block", 64, "engine: prefix cache granularity in tokens")
+	fs.StringVar(&o.demoModel.Metrics, "metrics", demomodel.MetricsNone, "engine: /metrics in llama.cpp's format (llamacpp, with /slots), vLLM's (vllm), or none")
+	fs.DurationVar(&o.demoModel.LoadTime, "load-time", 0, "/health (and all but /v1/models) answers 503 \"Loading model\" this long after start")
 	o.logLevel = zapcore.InfoLevel
 	fs.TextVar(&o.logLevel, "log-level", zapcore.InfoLevel, "log level: debug, info, warn, error")
 
@@ -121,7 +129,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		zap.String("model", cfg.Model),
 		zap.Int("tokens", cfg.Tokens),
 		zap.Duration("token_delay", cfg.TokenDelay),
-		zap.Int("embedding_dim", cfg.EmbeddingDim))
+		zap.Int("embedding_dim", cfg.EmbeddingDim),
+		zap.Int("parallel", cfg.Parallel),
+		zap.Duration("prefill_per_token", cfg.PrefillPerToken),
+		zap.Duration("decode_per_token", cfg.DecodePerToken),
+		zap.Int("cache_tokens", cfg.CacheTokens),
+		zap.Int("cache_block", cfg.CacheBlock),
+		zap.String("metrics", cfg.Metrics),
+		zap.Duration("load_time", cfg.LoadTime))
 
 	var h http.Handler = srv
 	if o.apiKey != "" {

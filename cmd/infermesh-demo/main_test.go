@@ -23,6 +23,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"
 
+	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/internal/testproc"
 )
 
@@ -65,12 +66,23 @@ func TestParseFlags(t *testing.T) {
 		{name: "bad env", env: map[string]string{"INFERMESH_DEMO_TOKENS": "many"}, wantErr: "INFERMESH_DEMO_TOKENS"},
 		{name: "bad flag", args: []string{"-tokens", "x"}, wantErr: "-tokens"},
 		{name: "extra args", args: []string{"serve"}, wantErr: "unexpected arguments"},
+		{
+			name: "engine",
+			args: []string{"-parallel", "4", "-prefill-per-token", "200us", "-decode-per-token", "10ms", "-cache-tokens", "200000",
+				"-cache-block", "32", "-load-time", "3s"},
+			env:  map[string]string{"INFERMESH_DEMO_METRICS": "vllm"},
+			want: options{listen: "127.0.0.1:8081"},
+		},
 	}
-	// Fill in the expected model configs.
-	tests[0].want.demoModel.Model, tests[0].want.demoModel.Tokens, tests[0].want.demoModel.EmbeddingDim = "demo", 16, 16
+	// Fill in the expected model configs: the flags' defaults, then what
+	// each case sets.
+	for i := range tests {
+		tests[i].want.demoModel = demomodel.Config{Model: "demo", Tokens: 16, EmbeddingDim: 16, CacheBlock: 64, Metrics: demomodel.MetricsNone}
+	}
 	tests[1].want.demoModel.Model, tests[1].want.demoModel.Tokens, tests[1].want.demoModel.TokenDelay, tests[1].want.demoModel.EmbeddingDim = "m", 3, 5*time.Millisecond, 8
-	tests[2].want.demoModel.Model, tests[2].want.demoModel.Tokens, tests[2].want.demoModel.TokenDelay, tests[2].want.demoModel.EmbeddingDim = "demo", 16, 2*time.Millisecond, 4
-	tests[3].want.demoModel.Model, tests[3].want.demoModel.Tokens, tests[3].want.demoModel.EmbeddingDim = "demo", 16, 16
+	tests[2].want.demoModel.TokenDelay, tests[2].want.demoModel.EmbeddingDim = 2*time.Millisecond, 4
+	e := &tests[len(tests)-1].want.demoModel
+	e.Parallel, e.PrefillPerToken, e.DecodePerToken, e.CacheTokens, e.CacheBlock, e.Metrics, e.LoadTime = 4, 200*time.Microsecond, 10*time.Millisecond, 200000, 32, demomodel.MetricsVLLM, 3*time.Second
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stderr bytes.Buffer
