@@ -83,7 +83,7 @@ func TestRevocationRotatesTheGossipKey(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := a.m.RotateGossipKey(ctx, trs["a"])
+	res, err := a.m.RotateGossipKey(ctx, trs["a"], "revoked c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestKeyringChangesOnlyFromFullScopePeers(t *testing.T) {
 	quicNode(t, a, pcs["a"], false)
 	trk := quicNode(t, k, pcs["k"], false)
 	key, _ := identity.NewGossipKey()
-	err := trk.PushKeyring(context.Background(), "a", KeyringOp{Op: KeyringOpInstall, Key: key})
+	err := trk.PushKeyring(context.Background(), "a", KeyringOp{Op: KeyringOpInstall, Key: key, Reason: "test", Rotation: "test"})
 	if err == nil {
 		t.Fatal("a took a keyring change from a consumer-scope node")
 	}
