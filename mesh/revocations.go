@@ -218,6 +218,9 @@ func (m *Mesh) AcceptRevocation(r *identity.Revocation, via string) (bool, error
 	m.revOut.push(RevocationNews{Revocation: r, Authority: signer, Via: via})
 	m.log.Info("signed revocation statement accepted", zap.String("subject", r.Subject()), zap.String("op", r.Op()),
 		zap.Uint64("serial", r.Serial), zap.String("authority", identity.EncodeKey(signer)), zap.String("via", via))
+	if r.Revoked && (r.Name == m.name || r.PublicKey.Equal(m.pub)) {
+		m.log.Error("the authority revoked THIS node: every node that holds the statement refuses it", zap.Uint64("serial", r.Serial))
+	}
 	if m.cfg.Audit != nil {
 		m.cfg.Audit.Audit(placement.AuditEvent{Kind: AuditRevocationAccepted, Node: r.Subject(), Fields: map[string]string{
 			"op": r.Op(), "serial": fmt.Sprint(r.Serial), "issued": r.IssuedAt.UTC().Format(time.RFC3339),
