@@ -332,6 +332,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.admin = ad
 	a.mu.Unlock()
+	if m != nil {
+		// Signed revocations the mesh accepts, from anyone, are kept in
+		// the state store from now on (those before are delivered first).
+		m.SetRevocationSink(ad.Backend())
+		defer m.SetRevocationSink(nil) // before the store closes
+	}
 	// The audit history survives restarts; saved before the store closes.
 	defer a.persistAudit(ad.Store().DB())()
 	a.warnUnservableRoles(ad.Backend())

@@ -14,6 +14,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -22,7 +23,7 @@ import (
 // one file per area of the API:
 //
 //	backend.go            what the backend needs of the mesh and provisioning; Backend itself
-//	backend_policy.go     allow/deny, serve-to, expose, revoke: run-time overrides over the config
+//	backend_policy.go     allow/deny, serve-to, expose, revoke (local or signed by the authority): overrides over the config
 //	backend_status.go     the read views: status, peers, roles, route explanations
 //	backend_keyring.go    the gossip keyring: list, install, use, remove
 //	backend_events.go     the audit stream
@@ -51,7 +52,18 @@ type MeshAPI interface {
 	JoinNow(addrs []string) (int, error)
 	RefusedNodes() []mesh.RefusedNode
 	CertificateExpiry() (time.Time, bool)
-	RotateGossipKey(ctx context.Context, p mesh.KeyPusher) (mesh.RotateResult, error)
+	RotateGossipKey(ctx context.Context, p mesh.KeyPusher, reason string) (mesh.RotateResult, error)
+	// ReturnKeyring gives the nodes a lifted revocation names the gossip
+	// keyring; KeyringPath is this node's keyring file.
+	ReturnKeyring(ctx context.Context, p mesh.KeyPusher, subject, reason string) []mesh.ReturnResult
+	KeyringPath() string
+	// Signed revocations: AcceptRevocation takes a new statement,
+	// LoadRevocations the state store's, Revocation is the one held about
+	// a subject, SpreadRevocation sends one to every admitted peer.
+	AcceptRevocation(r *identity.Revocation, via string) (bool, error)
+	LoadRevocations(rs []*identity.Revocation) error
+	Revocation(subject string) (*identity.Revocation, bool)
+	SpreadRevocation(ctx context.Context, p mesh.RevocationPusher, r *identity.Revocation) mesh.SpreadResult
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.

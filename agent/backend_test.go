@@ -383,8 +383,26 @@ func (f *fakeMesh) RefusedNodes() []mesh.RefusedNode { return nil }
 
 func (f *fakeMesh) CertificateExpiry() (time.Time, bool) { return time.Time{}, false }
 
-func (f *fakeMesh) RotateGossipKey(context.Context, mesh.KeyPusher) (mesh.RotateResult, error) {
+func (f *fakeMesh) RotateGossipKey(context.Context, mesh.KeyPusher, string) (mesh.RotateResult, error) {
 	return mesh.RotateResult{}, errors.New("fake mesh: no network")
+}
+
+func (f *fakeMesh) ReturnKeyring(_ context.Context, _ mesh.KeyPusher, subject, _ string) []mesh.ReturnResult {
+	return []mesh.ReturnResult{{Node: subject, Err: errors.New("fake mesh: no network")}}
+}
+
+func (f *fakeMesh) KeyringPath() string { return "/var/lib/infermesh/keyring.json" }
+
+func (f *fakeMesh) AcceptRevocation(*identity.Revocation, string) (bool, error) {
+	return false, errors.New("fake mesh: takes no signed revocations")
+}
+
+func (f *fakeMesh) LoadRevocations([]*identity.Revocation) error { return nil }
+
+func (f *fakeMesh) Revocation(string) (*identity.Revocation, bool) { return nil, false }
+
+func (f *fakeMesh) SpreadRevocation(context.Context, mesh.RevocationPusher, *identity.Revocation) mesh.SpreadResult {
+	return mesh.SpreadResult{}
 }
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"crypto/ed25519"
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // fact is one effective policy fact and where it came from.
@@ -21,6 +23,7 @@ type effectivePolicy struct {
 	serve    map[string]map[string]fact // role -> peer -> (on or off)
 	accept   map[string]map[string]fact // role -> node -> (on or off)
 	revoked  map[string]fact            // run-time revocations
+	signed   map[string]fact            // signed statements held (on: revoked), by subject
 	active   int                        // overrides in force
 	inactive map[store.Key]bool         // overrides naming a role the config lacks
 }
@@ -30,12 +33,17 @@ type effectivePolicy struct {
 // the default), with the stored run-time overrides on top, each one
 // replacing the config's fact it names, on or off. Revocations apply
 // whatever the config's roles. An override naming a role the config does
-// not have is kept but inactive (it applies again if the role comes back).
-// It does no I/O: applyLocked makes the table and the mesh match it.
+// not have is kept but inactive (it applies again if the role comes back);
+// so is a signed revocation that trust.authority did not sign. It does no
+// I/O: applyLocked makes the table and the mesh match it.
 func computePolicy(cfg *Config, ovs []store.Override) effectivePolicy {
 	p := effectivePolicy{
 		expose: map[string]fact{}, serve: map[string]map[string]fact{}, accept: map[string]map[string]fact{},
-		revoked: map[string]fact{}, inactive: map[store.Key]bool{},
+		revoked: map[string]fact{}, signed: map[string]fact{}, inactive: map[store.Key]bool{},
+	}
+	var authorities []ed25519.PublicKey
+	if k, err := identity.ParsePublicKey(cfg.Trust.Authority); err == nil {
+		authorities = append(authorities, k)
 	}
 	set := func(m map[string]map[string]fact, role, node string, f fact) {
 		if m[role] == nil {
@@ -60,8 +68,22 @@ func computePolicy(cfg *Config, ovs []store.Override) effectivePolicy {
 	}
 	for _, o := range ovs {
 		f := fact{on: o.On, source: admin.SourceRuntime, by: o.By, at: o.At}
-		if o.Kind == store.KindRevoke {
+		switch o.Kind {
+		case store.KindRevoke:
 			p.revoked[o.Node] = f
+			p.active++
+			continue
+		case store.KindSignedRevoke:
+			f.source = admin.SourceAuthority
+			r, err := identity.ParseRevocation(o.Statement)
+			if err == nil {
+				_, err = identity.VerifyRevocation(r, authorities)
+			}
+			if err != nil {
+				p.inactive[o.Key()] = true
+				continue
+			}
+			p.signed[o.Node] = f
 			p.active++
 			continue
 		}
@@ -93,6 +115,8 @@ func (p effectivePolicy) lookup(k store.Key) fact {
 		return p.accept[k.Role][k.Node]
 	case store.KindRevoke:
 		return p.revoked[k.Node]
+	case store.KindSignedRevoke:
+		return p.signed[k.Node]
 	}
 	return fact{}
 }

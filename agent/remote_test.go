@@ -151,6 +151,12 @@ type testMesh struct {
 	transportTuning func(name string, c *mesh.TransportConfig)
 	// notify, when set, receives a node's readiness and status lines.
 	notify func(name, state string)
+	// authority, when set, admits every node by a full-scope certificate
+	// it signs (trust.authority) instead of static trust.
+	authority ed25519.PrivateKey
+	// ownKeyrings gives every node a keyring file of its own, a copy of
+	// the shared one made at its first start, as on separate hosts.
+	ownKeyrings bool
 }
 
 type meshNode struct {
@@ -222,7 +228,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	var b strings.Builder
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
 	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
-	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyring)
+	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyringOf(n))
 	if j, ok := tm.joins[name]; ok {
 		if j != "" {
 			fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[j].bind)
@@ -230,9 +236,13 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	} else if name != tm.order[0] {
 		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
 	}
-	b.WriteString("trust:\n  nodes:\n")
-	for _, other := range tm.order {
-		fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
+	if tm.authority != nil {
+		fmt.Fprintf(&b, "trust:\n  authority: %q\n  certificate: %q\n", identity.EncodeKey(tm.authority.Public().(ed25519.PublicKey)), tm.certOf(n))
+	} else {
+		b.WriteString("trust:\n  nodes:\n")
+		for _, other := range tm.order {
+			fmt.Fprintf(&b, "    - {name: %s, public_key: %q}\n", other, tm.nodes[other].pub)
+		}
 	}
 	// connect_timeout bounds a QUIC handshake too: 5s, as a loaded machine
 	// under -race can take over a second for one (a dead peer is found by
@@ -321,6 +331,39 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		return a.Transport() != nil
 	})
 	return n
+}
+
+// keyringOf is n's keyring file: the shared one, or with ownKeyrings n's
+// own copy of it, made at its first start.
+func (tm *testMesh) keyringOf(n *meshNode) string {
+	if !tm.ownKeyrings {
+		return tm.keyring
+	}
+	own := filepath.Join(n.stateDir, "keyring.json")
+	if _, err := os.Stat(own); err == nil {
+		return own
+	}
+	data, err := os.ReadFile(tm.keyring)
+	if err == nil {
+		err = os.WriteFile(own, data, 0o600)
+	}
+	if err != nil {
+		tm.t.Fatal(err)
+	}
+	return own
+}
+
+// certOf is n's full-scope admission certificate from tm.authority.
+func (tm *testMesh) certOf(n *meshNode) string {
+	pub, err := identity.ParsePublicKey(n.pub)
+	if err == nil {
+		var c *identity.Certificate
+		if c, err = identity.IssueCertificate(tm.authority, n.name, pub, identity.ScopeFull, time.Hour, time.Now()); err == nil {
+			return c.String()
+		}
+	}
+	tm.t.Fatal(err)
+	return ""
 }
 
 // admitEachOther waits until the running nodes admit one another: a node

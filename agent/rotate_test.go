@@ -22,9 +22,7 @@ func primaryFP(m *mesh.Mesh) (string, int) {
 // mesh; a and b stay together and a keeps serving chat from b.
 func TestRevokeRotatesGossipKeyClusterWide(t *testing.T) {
 	tm := newTestMesh(t, "a", "b", "c")
-	ub := startUpstream(t, "model-b", 0)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	a, b, _ := tm.startChatPair()
 	c := tm.start("c", map[string]roleSpec{"x": {}}, false)
 	waitFor(t, "the mesh forms and a serves chat from b", func() bool {
 		return slices.Equal(members(c.agent.Mesh()), []string{"a", "b", "c"}) && a.resolvesTo("chat", "b") && chatOK(t, a)

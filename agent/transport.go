@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync/atomic"
 
 	"go.uber.org/zap"
 
-	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/proxy"
 )
@@ -17,9 +17,19 @@ import (
 // (mesh.Transport): remote candidates go out through it, ordered by the peer
 // scorer, and peers' requests come in to the proxy's peer handler.
 
-// AuditKeyringByPeer: a full-scope peer changed this node's gossip
-// keyring over QUIC (a cluster-wide rotation).
-const AuditKeyringByPeer = "mesh.keyring.changed_by_peer"
+// Audit kinds of keyring changes peers send over QUIC, each with the
+// sender (Node), the operation, the keys' fingerprints, and the reason and
+// rotation the sender gave.
+const (
+	// AuditKeyringByPeer: a peer changed this node's gossip keyring (a
+	// cluster-wide rotation, or the keyring given back after an unrevoke).
+	AuditKeyringByPeer = "mesh.keyring.changed_by_peer"
+	// AuditKeyringRefused: a peer that may not change this node's keyring
+	// tried (why says what decided it: revoked, and by what; not full scope).
+	AuditKeyringRefused = "mesh.keyring.refused"
+	// AuditKeyringFailed: a peer's allowed change could not be made.
+	AuditKeyringFailed = "mesh.keyring.failed"
+)
 
 // errNoTransport answers remote attempts before the QUIC transport runs
 // (or after it stopped): the proxy skips to the next candidate.
@@ -101,12 +111,17 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	}
 	cfg.Leaving = m.Leaving
 	cfg.Keyring = m
-	cfg.OnKeyring = func(peer, op, key string) {
-		fp := ""
-		if raw, err := identity.ParseGossipKey(key); err == nil {
-			fp = identity.GossipKeyFingerprint(raw).String()
+	cfg.OnKeyring = func(ev mesh.KeyringEvent) {
+		kind, fields := AuditKeyringByPeer, map[string]string{
+			"op": ev.Op, "fingerprint": strings.Join(ev.Fingerprints, ","), "reason": ev.Reason, "rotation": ev.Rotation,
 		}
-		a.audit.Record(Event{Kind: AuditKeyringByPeer, Node: peer, Fields: map[string]string{"op": op, "fingerprint": fp}})
+		switch {
+		case ev.Refused != "":
+			kind, fields["why"] = AuditKeyringRefused, ev.Refused
+		case ev.Failed != "":
+			kind, fields["error"] = AuditKeyringFailed, ev.Failed
+		}
+		a.audit.Record(Event{Kind: kind, Node: ev.Peer, Fields: fields})
 	}
 	cfg.OnRefused = func(peer, why string) {
 		a.audit.Record(Event{Kind: mesh.AuditQUICRefused, Node: peer, Fields: map[string]string{"why": why}})

@@ -12,6 +12,10 @@
 //     node's (name, public key, scope, expiry) (IssueCertificate,
 //     ParseCertificate, VerifyCertificate). Scope says what an admitted node
 //     may do: ScopeFull consumes and serves, ScopeConsumer only consumes;
+//   - revocation statements: the authority's signature that a node name
+//     or key is revoked, or no longer revoked, as of a serial
+//     (IssueRevocation, ParseRevocation, VerifyRevocation); of two
+//     statements about one subject the newer holds (Revocation.Newer);
 //   - the gossip keyring: the AES-256 keys every member shares to encrypt
 //     memberlist traffic, the keyring file (LoadKeyring, SaveKeyring,
 //     WriteNewKeyring), and each key's Fingerprint, the one name a key goes
@@ -19,11 +23,11 @@
 //
 // It does not decide admission (which nodes a configuration trusts, and
 // revocation): that is the mesh's trust state, which checks these
-// certificates. Nor does it hold the TLS certificate a node presents on the
+// certificates and statements. Nor does it hold the TLS certificate a node presents on the
 // QUIC transport: the mesh derives that from the node key.
 //
 // Words: a node is a host in the mesh, named by its node name and proved by
 // its node key. The authority is the key that signs admission certificates
-// (trust.authority in the config). A gossip key proves membership of the
-// gossip only, never a node's identity.
+// (trust.authority in the config), and revocation statements. A gossip
+// key proves membership of the gossip only, never a node's identity.
 package identity

@@ -21,6 +21,7 @@ import (
 //
 //	advert: 0x01 | body length (uint16 BE) | body (JSON advertBody) | ed25519 signature
 //	state:  0x02 | count (uvarint) | count x (length (uvarint) | advert message)
+//	        [ | revocation statements (revocations.go) ]
 //
 // The signature is by the origin's node key over advertDomain + body; the
 // body names the cluster, so an advert cannot be replayed into another one.
@@ -236,7 +237,7 @@ func (m *Mesh) forgetOriginLocked(origin string) {
 }
 
 // localState encodes every fresh advert we hold, ours included, for a
-// push/pull.
+// push/pull, then the revocation statements.
 func (m *Mesh) localState() []byte {
 	now := time.Now()
 	var msgs [][]byte
@@ -250,8 +251,29 @@ func (m *Mesh) localState() []byte {
 		size += binary.MaxVarintLen64 + len(r.msg)
 	}
 	m.advMu.Unlock()
-	b := make([]byte, 0, size)
-	b = append(b, msgState)
+	return m.appendRevocations(appendSection(make([]byte, 0, size), msgState, msgs))
+}
+
+// mergeState applies the adverts of a peer's push/pull state, then its
+// revocation statements. They are not relayed: push/pull already reaches
+// everyone in turn.
+func (m *Mesh) mergeState(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	rest, bad := readSection(b, msgState, func(msg []byte) { m.handleAdvert(msg, false) })
+	if bad != "" {
+		m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state: "+bad)
+		return
+	}
+	m.mergeRevocations(rest)
+}
+
+// appendSection appends a section of push/pull state to b:
+//
+//	typ | count (uvarint) | count x (length (uvarint) | message)
+func appendSection(b []byte, typ byte, msgs [][]byte) []byte {
+	b = append(b, typ)
 	b = binary.AppendUvarint(b, uint64(len(msgs)))
 	for _, msg := range msgs {
 		b = binary.AppendUvarint(b, uint64(len(msg)))
@@ -260,32 +282,28 @@ func (m *Mesh) localState() []byte {
 	return b
 }
 
-// mergeState applies the adverts of a peer's push/pull state. They are not
-// relayed: push/pull already reaches everyone in turn.
-func (m *Mesh) mergeState(b []byte) {
-	if len(b) == 0 {
-		return
-	}
-	if b[0] != msgState {
-		m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state of unknown type")
-		return
+// readSection calls f with each message of the section of type typ that
+// b starts with, and returns what follows the section; bad says what was
+// malformed, "" when nothing was. f must copy what it keeps.
+func readSection(b []byte, typ byte, f func([]byte)) (rest []byte, bad string) {
+	if len(b) == 0 || b[0] != typ {
+		return nil, "section of unknown type"
 	}
 	b = b[1:]
 	count, n := binary.Uvarint(b)
 	if n <= 0 {
-		m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state: bad count")
-		return
+		return nil, "bad count"
 	}
 	b = b[n:]
 	for range count {
 		l, n := binary.Uvarint(b)
 		if n <= 0 || l > uint64(len(b)-n) {
-			m.refuse(auditAdvertRefused, "", "", reasonMalformed, "push/pull state: truncated")
-			return
+			return nil, "truncated"
 		}
-		m.handleAdvert(b[n:n+int(l)], false)
+		f(b[n : n+int(l)])
 		b = b[n+int(l):]
 	}
+	return b, ""
 }
 
 // nextSeq returns a sequence number greater than every one used before,

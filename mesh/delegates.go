@@ -55,6 +55,8 @@ func (d *delegate) NotifyMsg(b []byte) {
 		m.handleAdvert(b, true)
 	case msgDigest:
 		m.handleDigest(b)
+	case msgRevocation:
+		m.handleRevocationMsg(b, "gossip")
 	default:
 		m.refuse(auditAdvertRefused, "", "", reasonMalformed, fmt.Sprintf("unknown message type %d", b[0]))
 	}
@@ -74,14 +76,16 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return bs
 }
 
-// LocalState is our side of a push/pull: every fresh advert we hold.
+// LocalState is our side of a push/pull: every fresh advert we hold, then
+// every signed revocation statement.
 func (d *delegate) LocalState(join bool) []byte {
 	b := (*Mesh)(d).localState()
 	d.stats.advertStateBytes.Add(uint64(len(b)))
 	return b
 }
 
-// MergeRemoteState takes the adverts of the other side of a push/pull.
+// MergeRemoteState takes the adverts and revocation statements of the
+// other side of a push/pull.
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	(*Mesh)(d).mergeState(buf)
 }

@@ -44,11 +44,39 @@
 // A node is admitted when the trust configuration (TrustConfig) vouches for
 // its (name, key): a static entry, which pins the key for that name, or an
 // admission certificate signed by a cluster authority and not expired.
-// Revocation, by name or key, from the configuration or at run time
-// (Revoke), takes effect at once: IsAdmitted and MayServe re-check on every
+// Revocation, by name or key, from the configuration, at run time
+// (Revoke) or by a signed statement (below), takes effect at once: IsAdmitted and MayServe re-check on every
 // call, which is how a Mesh serves as placement's Admission, and SetTrust
 // swaps the configuration on reload. Refusals are counted (Refusals) and
 // audited (AuditNodeRefused, AuditAdvertRefused; rate-limited).
+//
+// # Signed revocations
+//
+// A run-time revocation is this node's alone, and a peer's word that a
+// node is revoked is worth nothing (any full-scope node could then cut any
+// other out). A statement signed by an authority (identity.Revocation) is
+// evidence: AcceptRevocation takes it from anyone (the admin socket,
+// gossip, a peer over QUIC) when one of the Authorities signed it and it
+// is newer than the one held about its subject, and its subject is then
+// refused as by Revoke. It spreads as a gossip broadcast and in every
+// push/pull (joins included), and SpreadRevocation sends it to every
+// admitted live peer over QUIC. The newest statement about each subject is
+// kept, liftings too, so an older one replayed later changes nothing; a
+// RevocationSink persists them (the agent's state store) and
+// LoadRevocations brings them back at start.
+//
+// # Keyrings
+//
+// The gossip keyring (AES-256) is changed by this node's operator
+// (InstallKey, UseKey, RemoveKey, RetainKeys), and over QUIC by a peer that
+// MayChangeKeyring allows: vouched for now with full scope and the key it
+// presented, and covered by no revocation this node knows of (configured,
+// run-time or signed). Every change a peer sends names its reason and its
+// rotation and is reported to TransportConfig.OnKeyring, applied or
+// refused. RotateGossipKey makes a new key the only one on every admitted
+// live peer (a revoked node never gets it); ReturnKeyring gives a node
+// whose revocation was lifted this node's keyring, reaching it at the
+// address it last gossiped when gossip lost it.
 //
 // # Adverts
 //
@@ -94,6 +122,9 @@
 //     gossip, never a node's identity: that is why node meta and adverts are
 //     signed by node keys, and why only the QUIC transport's pinned keys
 //     decide whether a connection stays open.
+//   - statement: a revocation, or the lifting of one, signed by an
+//     authority, about a subject (a node name or a node key), ordered
+//     among the statements about that subject by its serial.
 //   - refusal: anything turned away, with a stable reason (the keys of
 //     Refusals and Transport.Refusals, fit for metrics).
 package mesh

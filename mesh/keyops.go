@@ -110,8 +110,72 @@ func (m *Mesh) RemoveKey(key string) error {
 		if bytes.Equal(m.keyring.GetPrimaryKey(), k) {
 			return ErrPrimaryKey
 		}
-		return m.keyring.RemoveKey(k)
+		return m.removeKeys(func(x []byte) bool { return bytes.Equal(x, k) })
 	}, func() { _ = m.keyring.AddKey(k) })
+}
+
+// removeKeys removes the non-primary keys gone says go. memberlist's
+// Keyring.RemoveKey shifts the keys after the one removed in place, in
+// the array that GetKeys returned to memberlist's readers (which decrypt
+// every packet with it, unlocked): so keys are only ever removed from the
+// end. The keys from the first to go onward are removed last first, then
+// those among them that stay are added back (each a fresh slice).
+// keyringMu must be held.
+func (m *Mesh) removeKeys(gone func([]byte) bool) error {
+	keys := slices.Clone(m.keyring.GetKeys())
+	first := slices.IndexFunc(keys[1:], gone) + 1
+	if first == 0 {
+		return nil
+	}
+	for i := len(keys) - 1; i >= first; i-- {
+		if err := m.keyring.RemoveKey(keys[i]); err != nil {
+			return err
+		}
+	}
+	for _, k := range keys[first:] {
+		if !gone(k) {
+			if err := m.keyring.AddKey(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// RetainKeys keeps only keys (text form; the primary must be one of them)
+// in the keyring, removes every other key and persists the keyring file.
+// Keys it lists that are not installed are ignored.
+func (m *Mesh) RetainKeys(keys []string) error {
+	keep := make([][]byte, 0, len(keys))
+	for i, key := range keys {
+		k, err := identity.ParseGossipKey(key)
+		if err != nil {
+			return fmt.Errorf("key %d: %w", i, err)
+		}
+		keep = append(keep, k)
+	}
+	var removed [][]byte
+	kept := func(k []byte) bool {
+		return slices.ContainsFunc(keep, func(x []byte) bool { return bytes.Equal(x, k) })
+	}
+	return m.changeKeyring("retain", func() error {
+		if !kept(m.keyring.GetPrimaryKey()) {
+			return fmt.Errorf("%w: the keys to keep do not include it", ErrPrimaryKey)
+		}
+		for _, k := range m.keyring.GetKeys() {
+			if !kept(k) {
+				removed = append(removed, k)
+			}
+		}
+		if len(removed) == 0 {
+			return errUnchanged
+		}
+		return m.removeKeys(func(k []byte) bool { return !kept(k) })
+	}, func() {
+		for _, k := range removed {
+			_ = m.keyring.AddKey(k)
+		}
+	})
 }
 
 var errUnchanged = fmt.Errorf("unchanged")

@@ -11,23 +11,26 @@ import (
 	"github.com/infermesh/infermesh/identity"
 )
 
+// ownKeyringNode starts an admitted node with a keyring file of its own,
+// a copy of the cluster's: keyring changes are persisted.
+func ownKeyringNode(t *testing.T, c *testCluster, name string) *testNode {
+	t.Helper()
+	cfg := c.config(name)
+	cfg.KeyringPath = filepath.Join(c.root, name+"-keyring.json")
+	data, err := os.ReadFile(c.keyring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.KeyringPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
+	return c.start(cfg)
+}
+
 func TestKeyringRotation(t *testing.T) {
 	c := newTestCluster(t)
-	// Each node needs its own keyring file: changes are persisted.
-	mk := func(name string) *testNode {
-		cfg := c.config(name)
-		cfg.KeyringPath = filepath.Join(c.root, name+"-keyring.json")
-		data, err := os.ReadFile(c.keyring)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(cfg.KeyringPath, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg.Certificate = c.certFor(cfg, identity.ScopeFull, time.Hour)
-		return c.start(cfg)
-	}
-	a, b := mk("a"), mk("b")
+	a, b := ownKeyringNode(t, c, "a"), ownKeyringNode(t, c, "b")
 	b.join(t, a)
 	eventually(t, 5*time.Second, "a sees b", func() bool { return len(a.m.Members()) == 2 })
 	old, _ := a.m.ListKeys()
@@ -86,4 +89,55 @@ func TestKeyringRotation(t *testing.T) {
 	a.tab.AllowRemoteNode("chat", "b", true)
 	b.serve(t, "chat", "")
 	eventually(t, 5*time.Second, "a resolves chat to b after rotation", func() bool { return a.resolvesTo("chat", "b") })
+}
+
+// TestKeyRemovalLeavesReadersAlone: memberlist decrypts every packet with
+// the key slice GetKeys returned, without a lock, and its RemoveKey shifts
+// the keys after the one removed in place. RemoveKey and RetainKeys of a
+// key in the middle of the keyring leave a slice handed out before
+// untouched (so a packet being decrypted meanwhile sees the keyring as it
+// was), and keep the other keys, in order, on disk too.
+func TestKeyRemovalLeavesReadersAlone(t *testing.T) {
+	a := ownKeyringNode(t, newTestCluster(t), "a")
+	var extra []string
+	for range 4 {
+		k, _ := identity.NewGossipKey()
+		if err := a.m.InstallKey(k); err != nil {
+			t.Fatal(err)
+		}
+		extra = append(extra, k)
+	}
+	fps := func(keys [][]byte) []identity.Fingerprint {
+		var out []identity.Fingerprint
+		for _, k := range keys {
+			out = append(out, identity.GossipKeyFingerprint(k))
+		}
+		return out
+	}
+	check := func(what string, change func() error, want []identity.Fingerprint) {
+		t.Helper()
+		handedOut := a.m.keyring.GetKeys()
+		before := fps(slices.Clone(handedOut))
+		if err := change(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := fps(handedOut); !slices.Equal(got, before) {
+			t.Errorf("%s rewrote a key slice handed out before: %v, was %v", what, got, before)
+		}
+		if got := fps(a.m.keyring.GetKeys()); !slices.Equal(got, want) {
+			t.Errorf("after %s the keyring is %v, want %v", what, got, want)
+		}
+		onDisk, err := identity.LoadKeyring(a.m.cfg.KeyringPath)
+		if err != nil || !slices.Equal(fps(onDisk), want) {
+			t.Errorf("after %s the keyring file holds %v (%v), want %v", what, fps(onDisk), err, want)
+		}
+	}
+	all := fps(a.m.keyring.GetKeys()) // primary, extra[0..3]
+	check("RemoveKey of the second key", func() error { return a.m.RemoveKey(extra[0]) }, []identity.Fingerprint{all[0], all[2], all[3], all[4]})
+	primary := identity.EncodeGossipKey(a.m.keyring.GetPrimaryKey())
+	check("RetainKeys of the primary and the last key", func() error { return a.m.RetainKeys([]string{primary, extra[3]}) },
+		[]identity.Fingerprint{all[0], all[4]})
+	if err := a.m.RetainKeys([]string{extra[3]}); !errors.Is(err, ErrPrimaryKey) {
+		t.Errorf("RetainKeys without the primary = %v, want ErrPrimaryKey", err)
+	}
 }

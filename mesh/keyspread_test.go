@@ -2,10 +2,13 @@ package mesh
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,7 +86,7 @@ func TestRevocationRotatesTheGossipKey(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := a.m.RotateGossipKey(ctx, trs["a"])
+	res, err := a.m.RotateGossipKey(ctx, trs["a"], "revoked c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,11 +149,69 @@ func TestKeyringChangesOnlyFromFullScopePeers(t *testing.T) {
 	quicNode(t, a, pcs["a"], false)
 	trk := quicNode(t, k, pcs["k"], false)
 	key, _ := identity.NewGossipKey()
-	err := trk.PushKeyring(context.Background(), "a", KeyringOp{Op: KeyringOpInstall, Key: key})
+	err := trk.PushKeyring(context.Background(), "a", KeyringOp{Op: KeyringOpInstall, Key: key, Reason: "test", Rotation: "test"})
 	if err == nil {
 		t.Fatal("a took a keyring change from a consumer-scope node")
 	}
 	if len(a.m.keyring.GetKeys()) != 1 {
 		t.Errorf("a holds %d keys, want 1", len(a.m.keyring.GetKeys()))
+	}
+}
+
+// TestKeyringChangeNamesItsReasonAndRotation: a full-scope peer's change
+// without a reason or a rotation is refused, and every change, applied or
+// refused, reaches OnKeyring with the sender, the reason, the rotation
+// and the key's fingerprint (never the key).
+func TestKeyringChangeNamesItsReasonAndRotation(t *testing.T) {
+	c, pcs := quicCluster(t)
+	nodes := cluster(t, c, "a", "b")
+	a, b := nodes[0], nodes[1]
+	var mu sync.Mutex
+	var events []KeyringEvent
+	tra := runTransport(t, TransportConfig{Name: "a", Key: a.m.NodeKey(), PacketConn: pcs["a"], Peers: a.m, Keyring: a.m,
+		OnKeyring: func(ev KeyringEvent) {
+			mu.Lock()
+			events = append(events, ev)
+			mu.Unlock()
+		}})
+	trb := quicNode(t, b, pcs["b"], false)
+	key, _ := identity.NewGossipKey()
+	raw, _ := identity.ParseGossipKey(key)
+	fp := identity.GossipKeyFingerprint(raw).String()
+	ctx := context.Background()
+	for _, op := range []KeyringOp{
+		{Op: KeyringOpInstall, Key: key, Rotation: fp},
+		{Op: KeyringOpInstall, Key: key, Reason: "test"},
+	} {
+		if err := trb.PushKeyring(ctx, "a", op); err == nil {
+			t.Errorf("a took %+v, which names no reason or no rotation", op)
+		}
+	}
+	if len(keyFPs(a)) != 1 {
+		t.Fatalf("a holds %d keys, want 1", len(keyFPs(a)))
+	}
+	if err := trb.PushKeyring(ctx, "a", KeyringOp{Op: KeyringOpInstall, Key: key, Reason: "test", Rotation: fp}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tra.Refusals()[refusedKeyring]; got != 2 {
+		t.Errorf("a counted %d keyring refusals, want 2", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The second refusal, of the same sender and operation within 10s, is
+	// counted but not told again.
+	if len(events) != 2 {
+		t.Fatalf("OnKeyring heard %d events, want 2: %+v", len(events), events)
+	}
+	if ev := events[0]; ev.Peer != "b" || ev.Refused == "" || !slices.Equal(ev.Fingerprints, []string{fp}) {
+		t.Errorf("first refusal = %+v, want b refused, naming fingerprint %s", ev, fp)
+	}
+	if ev := events[1]; ev.Peer != "b" || ev.Refused != "" || ev.Failed != "" || ev.Reason != "test" || ev.Rotation != fp {
+		t.Errorf("applied change = %+v, want b's, with its reason and rotation", ev)
+	}
+	for _, ev := range events {
+		if strings.Contains(fmt.Sprint(ev), key) {
+			t.Errorf("OnKeyring was given the key itself: %+v", ev)
+		}
 	}
 }

@@ -72,6 +72,11 @@ type Mesh struct {
 	// "no longer trusted". Bounded by the nodes ever seen.
 	departed map[string]*peer
 	removed  map[string]bool // peers whose adverts we dropped because they are no longer admitted
+	// revs is the newest statement signed by an authority held about each
+	// subject, revoking or lifting (revocations.go); trust.signed is the
+	// revoking ones.
+	revs   map[revocation]*heldRevocation
+	revOut revocationOutbox // accepted statements, for the RevocationSink
 	// gossipLive is memberlist's own view of the live peers (alive or
 	// suspect), name to gossip address, copied in its event callbacks:
 	// memberlist.Members' nodes are shared with its state goroutines and
@@ -159,6 +164,8 @@ func New(cfg Config) (*Mesh, error) {
 		peerKeys: map[string][]string{},
 		departed: map[string]*peer{},
 		removed:  map[string]bool{},
+		revs:     map[revocation]*heldRevocation{},
+		revOut:   revocationOutbox{wake: make(chan struct{}, 1)},
 
 		gossipLive: map[string]string{},
 		back:       make(chan string, 64),
@@ -218,9 +225,10 @@ func New(cfg Config) (*Mesh, error) {
 	self := m.ml.LocalNode().Address()
 	m.selfAddrCache.Store(&self)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(2)
+	m.wg.Add(3)
 	go m.advertiseLoop()
 	go m.antiEntropyLoop()
+	go m.revocationLoop()
 	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
 		zap.String("public_key", identity.EncodeKey(m.pub)))
 	return m, nil
@@ -520,7 +528,8 @@ func (m *Mesh) lastKnownScope(node string) (identity.Scope, ed25519.PublicKey) {
 }
 
 // SetTrust replaces the trust configuration (on reload). Run-time
-// revocations (Revoke) stay. Peers no longer admitted are removed from
+// revocations (Revoke) stay, and so do the signed statements held that one
+// of the new authorities signed. Peers no longer admitted are removed from
 // placement at once.
 func (m *Mesh) SetTrust(c TrustConfig) error {
 	m.mu.Lock()
@@ -529,6 +538,7 @@ func (m *Mesh) SetTrust(c TrustConfig) error {
 		m.mu.Unlock()
 		return fmt.Errorf("trust config: %w", err)
 	}
+	t = m.reverifyRevocationsLocked(t)
 	m.trust = t
 	for _, p := range m.peers {
 		p.certOK = t.certOK(p.meta.cert)

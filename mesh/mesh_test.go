@@ -40,6 +40,20 @@ func cluster(t *testing.T, c *testCluster, names ...string) []*testNode {
 	return nodes
 }
 
+// drainBroadcasts waits until no node has a broadcast queued: what a node
+// joining after learns, it learns from the join's push/pull.
+func drainBroadcasts(t *testing.T, nodes []*testNode) {
+	t.Helper()
+	eventually(t, 5*time.Second, "broadcast queues drain", func() bool {
+		for _, n := range nodes {
+			if n.m.bcast.NumQueued() != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func TestAdvertsPropagateAndLateJoinerConverges(t *testing.T) {
 	c := newTestCluster(t)
 	c.ttl = 30 * time.Second // re-advertising every 10s: convergence below comes from broadcast and push/pull
@@ -54,14 +68,7 @@ func TestAdvertsPropagateAndLateJoinerConverges(t *testing.T) {
 	}
 	// Let a's broadcast finish so the late joiner can only learn the advert
 	// through the join's push/pull.
-	eventually(t, 5*time.Second, "broadcast queues drain", func() bool {
-		for _, n := range nodes {
-			if n.m.bcast.NumQueued() != 0 {
-				return false
-			}
-		}
-		return true
-	})
+	drainBroadcasts(t, nodes)
 	e := c.node("e")
 	e.tab.AllowRemoteNode("chat", "a", true)
 	e.join(t, nodes[3]) // any member will do: d relays a's advert in its state

@@ -456,6 +456,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		writePeerError(w, http.StatusForbidden, "permission_error", "forbidden", "peer identity unknown")
 		return
 	}
+	if r.URL.Path == keyringPath {
+		t.serveKeyring(w, r, v) // admits, and audits its refusals, itself
+		return
+	}
 	if !t.stillValid(v.node, v.key) {
 		t.refused(&refusalError{why: RefusedNotAdmitted, node: v.node, msg: "no longer admitted"}, "")
 		w.Header().Set(RefusedHeader, "not_admitted")
@@ -466,8 +470,8 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		t.serveProbe(w)
 		return
 	}
-	if r.URL.Path == keyringPath {
-		t.serveKeyring(w, r, v.node)
+	if r.URL.Path == revocationPath {
+		t.serveRevocation(w, r, v.node)
 		return
 	}
 	if t.cfg.Handler == nil {

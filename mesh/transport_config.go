@@ -101,13 +101,14 @@ type TransportConfig struct {
 	// probe (Transport.ConfirmAlive, from peers) then answers so, and peers
 	// forget this node at once. Nil: never leaving. Usually Mesh.Leaving.
 	Leaving func() bool
-	// Keyring applies keyring changes that full-scope peers send
-	// (Mesh.RotateGossipKey on another node). Nil: none are taken.
-	// Usually the Mesh.
+	// Keyring applies keyring changes that peers send (Mesh.RotateGossipKey
+	// on another node) and decides whose it applies (MayChangeKeyring).
+	// Nil: none are taken. Usually the Mesh.
 	Keyring KeyringChanger
-	// OnKeyring is told of every keyring change a peer made here (op, and
-	// the key in base64: never log it). Nil: none.
-	OnKeyring func(peer, op, key string)
+	// OnKeyring is told of every keyring change a peer sent here, applied
+	// or refused (refusals at most once per sender and operation every
+	// 10s). Must not block. Nil: none.
+	OnKeyring func(KeyringEvent)
 }
 
 // DefaultTransportConfig returns the defaults (without identity, address or

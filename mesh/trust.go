@@ -79,6 +79,9 @@ type trustState struct {
 	static      map[string]TrustedNode
 	config      map[revocation]bool // revoked by configuration
 	runtime     map[revocation]bool // revoked at run time (Revoke)
+	// signed are the subjects a statement signed by one of authorities
+	// revokes now (the newest held about each: revocations.go).
+	signed map[revocation]*heldRevocation
 
 	// verdicts remembers certOK's answers for this set of authorities:
 	// memberlist asks the alive delegate about every copy of every alive
@@ -153,9 +156,36 @@ func (t *trustState) withRuntime(runtime map[revocation]bool) *trustState {
 	return &c
 }
 
+// withSigned returns a copy of t with the signed revocations in force
+// replaced.
+func (t *trustState) withSigned(signed map[revocation]*heldRevocation) *trustState {
+	c := *t
+	c.signed = signed
+	return &c
+}
+
 func (t *trustState) revoked(name string, key ed25519.PublicKey) bool {
 	n, k := revocation{name: name}, revocation{key: string(key)}
-	return t.config[n] || t.config[k] || t.runtime[n] || t.runtime[k]
+	return t.config[n] || t.config[k] || t.runtime[n] || t.runtime[k] || t.signed[n] != nil || t.signed[k] != nil
+}
+
+// revocationEvidence names what revokes (name, key), "" when nothing
+// does: the configuration, this node's operator, or a statement signed
+// by an authority (which one, and its serial).
+func (t *trustState) revocationEvidence(name string, key ed25519.PublicKey) string {
+	n, k := revocation{name: name}, revocation{key: string(key)}
+	for _, r := range []revocation{n, k} {
+		switch {
+		case t.config[r]:
+			return fmt.Sprintf("%s is in trust.revoked", r)
+		case t.signed[r] != nil:
+			h := t.signed[r]
+			return fmt.Sprintf("%s is revoked by a statement signed by authority %s (serial %d)", r, identity.EncodeKey(h.signer), h.r.Serial)
+		case t.runtime[r]:
+			return fmt.Sprintf("%s is revoked on this node (infermesh revoke)", r)
+		}
+	}
+	return ""
 }
 
 // Admission refusal reasons (also refusal counter keys).

@@ -68,6 +68,8 @@ const (
 	SourceConfig  = "config"
 	SourceRuntime = "runtime"
 	SourceDefault = "default" // nothing says otherwise: default deny
+	// SourceAuthority: a statement signed by the cluster authority.
+	SourceAuthority = "authority"
 )
 
 // Rule is one policy fact and where it came from.
@@ -139,6 +141,10 @@ const (
 	KindServeTo    = "serve_to"
 	KindExpose     = "expose"
 	KindRevoke     = "revoke"
+	// KindSignedRevoke is an override the agent records for a statement
+	// signed by the authority (listed by Policy, never set directly: send
+	// KindRevoke with a Statement).
+	KindSignedRevoke = "signed_revoke"
 )
 
 // PolicyChange is POST /v0/policy. Revoke with On false lifts a run-time
@@ -148,6 +154,11 @@ type PolicyChange struct {
 	Role string `json:"role,omitempty"`
 	Node string `json:"node,omitempty"`
 	On   bool   `json:"on"`
+	// Statement, with KindRevoke, is a revocation (On) or its lifting
+	// (off) signed by the cluster authority (identity.Revocation's text
+	// form) about Node: every node takes it and spreads it. Without it a
+	// revocation is this node's alone.
+	Statement string `json:"statement,omitempty"`
 }
 
 // Override is a stored run-time policy change.
@@ -159,8 +170,11 @@ type Override struct {
 	At   time.Time `json:"at"`
 	By   string    `json:"by,omitempty"`
 	// Active is false when the override names a role the config no longer
-	// has: it is kept, and applies again if the role comes back.
+	// has: it is kept, and applies again if the role comes back. A
+	// signed revocation is inactive when no configured authority signed it.
 	Active bool `json:"active"`
+	// Statement is a signed revocation's statement (KindSignedRevoke).
+	Statement string `json:"statement,omitempty"`
 }
 
 // PolicyResult answers a PolicyChange.

@@ -14,6 +14,12 @@
 // a later configuration agrees with it, so an operator's decision is never
 // silently undone by an edit of the file.
 //
+// Signed revocations (KindSignedRevoke) are kept here too, with the mirror,
+// but they are the authority's word, not this node's operator's: the
+// newest statement about a subject replaces the one before, a lifting
+// included (so an older revocation replayed later is known to be older),
+// and Reset never removes one.
+//
 // # Damage
 //
 // The store never crashes the agent and never starts it with less policy
@@ -62,12 +68,19 @@ const (
 	// Role is empty and On is always true: lifting a run-time revocation
 	// deletes the override. `infermesh revoke` / `unrevoke`.
 	KindRevoke Kind = "revoke"
+	// KindSignedRevoke: the newest statement signed by a cluster
+	// authority about Node (a node name or a base64 public key), in
+	// Statement (identity.Revocation's text form): On when it revokes,
+	// off when it lifts a revocation. Role is empty. Written for every
+	// statement the mesh accepts, from anyone; never removed by Reset.
+	// `infermesh revoke --authority-key` / `unrevoke --authority-key`.
+	KindSignedRevoke Kind = "signed_revoke"
 )
 
 // Valid reports whether k is one of the kinds.
 func (k Kind) Valid() bool {
 	switch k {
-	case KindAcceptFrom, KindServeTo, KindExpose, KindRevoke:
+	case KindAcceptFrom, KindServeTo, KindExpose, KindRevoke, KindSignedRevoke:
 		return true
 	}
 	return false
@@ -81,6 +94,9 @@ type Override struct {
 	On   bool      `json:"on"`
 	At   time.Time `json:"at"`
 	By   string    `json:"by,omitempty"`
+	// Statement is a KindSignedRevoke's signed statement (text form);
+	// empty for every other kind.
+	Statement string `json:"statement,omitempty"`
 }
 
 // Key identifies the fact an override is about.
@@ -112,7 +128,7 @@ func (k Key) Validate() error {
 		if k.Role == "" || k.Node != "" {
 			return fmt.Errorf("override %s: want a role and no node", k.Kind)
 		}
-	case KindRevoke:
+	case KindRevoke, KindSignedRevoke:
 		if k.Role != "" || k.Node == "" {
 			return fmt.Errorf("override %s: want a node and no role", k.Kind)
 		}
@@ -364,6 +380,9 @@ func (s *Store) Put(o Override) (prev Override, ok bool, err error) {
 	if err := o.Key().Validate(); err != nil {
 		return Override{}, false, err
 	}
+	if (o.Kind == KindSignedRevoke) != (o.Statement != "") {
+		return Override{}, false, fmt.Errorf("override %s: a statement goes with signed_revoke, and only with it", o.Kind)
+	}
 	if o.At.IsZero() {
 		o.At = time.Now()
 	}
@@ -447,7 +466,7 @@ func (s *Store) list(f Filter) ([]Override, error) {
 }
 
 // Reset deletes every override f matches, in one transaction, and returns
-// them.
+// them. Signed revocations (KindSignedRevoke) are never deleted.
 func (s *Store) Reset(f Filter) ([]Override, error) {
 	var gone []Override
 	err := s.db.Update(func(tx *bbolt.Tx) error {
@@ -458,7 +477,7 @@ func (s *Store) Reset(f Filter) ([]Override, error) {
 			if err := json.Unmarshal(v, &o); err != nil {
 				return fmt.Errorf("override %q: %w", k, err)
 			}
-			if f.match(o) {
+			if f.match(o) && o.Kind != KindSignedRevoke {
 				keys = append(keys, bytes.Clone(k))
 				gone = append(gone, o)
 			}

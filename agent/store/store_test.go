@@ -120,6 +120,8 @@ func TestValidate(t *testing.T) {
 		{Kind: KindRevoke, Role: "chat", Node: "b"},
 		{Kind: KindRevoke},
 		{Kind: KindServeTo, Role: "ch\x00at", Node: "b"},
+		{Kind: KindSignedRevoke, Node: "b", On: true},                  // no statement
+		{Kind: KindRevoke, Node: "b", On: true, Statement: "c2lnbmVk"}, // a statement with a local revocation
 	}
 	for _, o := range bad {
 		if _, _, err := s.Put(o); err == nil {
@@ -137,5 +139,45 @@ func TestLockedByAnother(t *testing.T) {
 	_, err := Open(path, Options{LockTimeout: 50 * time.Millisecond})
 	if !errors.Is(err, ErrLocked) {
 		t.Fatalf("second Open = %v, want ErrLocked", err)
+	}
+}
+
+// TestSignedRevocationsOutliveResetAndDamage: a signed revocation is the
+// authority's word: `policy reset` never drops it, and a damaged database
+// gets it back from the mirror like every override.
+func TestSignedRevocationsOutliveResetAndDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	signed := Override{Kind: KindSignedRevoke, Node: "c", On: true, At: at, Statement: "c3RhdGVtZW50"}
+	for _, o := range []Override{signed, {Kind: KindRevoke, Node: "d", On: true, At: at}} {
+		if _, _, err := s.Put(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone, err := s.Reset(Filter{})
+	if err != nil || len(gone) != 1 || gone[0].Kind != KindRevoke {
+		t.Fatalf("Reset(all) = %+v, %v; want only the local revocation", gone, err)
+	}
+	if gone, err := s.Reset(Filter{Kind: KindSignedRevoke}); err != nil || len(gone) != 0 {
+		t.Fatalf("Reset(signed_revoke) = %+v, %v; want nothing removed", gone, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("not a database"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(path, Options{Reset: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Overrides()
+	if err != nil || !reflect.DeepEqual(got, []Override{signed}) {
+		t.Errorf("after a reset from the mirror: %+v, %v; want %+v", got, err, signed)
 	}
 }

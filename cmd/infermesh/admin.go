@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // The commands that talk to the agent over its admin socket.
@@ -206,25 +207,94 @@ func newUnexposeCmd(a *app) *cobra.Command {
 }
 
 func newRevokeCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "revoke NODE|PUBLIC_KEY",
-		Short: "Revoke a node (by name or base64 public key) at once; kept across restarts",
-		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: true})
-		},
-	}
+	return revokeCmd(a, true, "revoke NODE|PUBLIC_KEY", "Revoke a node (by name or base64 public key) at once; kept across restarts",
+		`revoke cuts NODE off at once and rotates the gossip key on every admitted
+node, over QUIC, so NODE is left with a key nobody uses.
+
+Without --authority-key the revocation is this node's alone: the other
+nodes still admit NODE, and take keyring changes from it, until each of
+them revokes it too. With --authority-key (trust by an authority) the
+revocation is a statement signed by the authority key: every node takes it
+from anyone, spreads it by gossip and over QUIC, keeps it across restarts,
+and refuses NODE from then on, its keyring changes included. The key is
+read here, signs the statement and is neither sent nor stored.`)
 }
 
 func newUnrevokeCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "unrevoke NODE|PUBLIC_KEY",
-		Short: "Lift a run-time revocation (those in trust.revoked stay until the config changes)",
+	return revokeCmd(a, false, "unrevoke NODE|PUBLIC_KEY", "Lift a revocation (those in trust.revoked stay until the config changes)",
+		`unrevoke lifts a run-time revocation of NODE on this node, or, with
+--authority-key, a signed one everywhere (a newer statement, which every
+node takes as it took the revocation). Then it gives NODE this node's gossip
+keyring over QUIC: the key rotated while NODE was revoked, and without it
+NODE can neither read nor speak gossip. When NODE cannot be reached, it
+prints the commands to run on NODE.`)
+}
+
+// revokeCmd is revoke (on) or unrevoke.
+func revokeCmd(a *app, on bool, use, short, long string) *cobra.Command {
+	var authorityKey string
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return setPolicy(a, cmd, admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: false})
+			pc := admin.PolicyChange{Kind: admin.KindRevoke, Node: args[0], On: on}
+			if authorityKey == "" {
+				return setPolicy(a, cmd, pc)
+			}
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.PolicyResult, error) {
+				st, err := signRevocation(ctx, c, authorityKey, args[0], on)
+				if err != nil {
+					return admin.PolicyResult{}, err
+				}
+				pc.Statement = st
+				return c.SetPolicy(ctx, pc)
+			}, renderPolicyResult)
 		},
 	}
+	cmd.Flags().StringVar(&authorityKey, "authority-key", "", "the authority key `FILE`: sign the statement, so that it holds on every node")
+	return cmd
+}
+
+// signRevocation signs, with the authority key in keyFile, that subject is
+// revoked (on) or no longer revoked, with a serial above the one of the
+// statement the agent holds about it (so it is the newest).
+func signRevocation(ctx context.Context, c *admin.Client, keyFile, subject string, on bool) (string, error) {
+	key, err := identity.LoadKey(keyFile)
+	if err != nil {
+		return "", fmt.Errorf("--authority-key: %w", err)
+	}
+	if _, _, err := identity.ParseRevocationSubject(subject); err != nil {
+		return "", usageErrorf("%v", err)
+	}
+	ovs, err := c.Policy(ctx)
+	if err != nil {
+		return "", err
+	}
+	var held uint64
+	for _, o := range ovs {
+		if o.Kind != admin.KindSignedRevoke {
+			continue
+		}
+		if r, err := identity.ParseRevocation(o.Statement); err == nil && r.Subject() == o.Node && sameSubject(o.Node, subject) {
+			held = max(held, r.Serial)
+		}
+	}
+	now := time.Now()
+	r, err := identity.IssueRevocation(key, subject, on, identity.NextRevocationSerial(now, held), now)
+	if err != nil {
+		return "", err
+	}
+	return r.String(), nil
+}
+
+// sameSubject reports whether two subjects (names or base64 keys) are the
+// same.
+func sameSubject(a, b string) bool {
+	an, ak, err1 := identity.ParseRevocationSubject(a)
+	bn, bk, err2 := identity.ParseRevocationSubject(b)
+	return err1 == nil && err2 == nil && an == bn && ak.Equal(bk)
 }
 
 func newPolicyCmd(a *app) *cobra.Command {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // Human output. Every renderer is a pure function of the answer, so the
@@ -205,6 +206,15 @@ func overrideText(o admin.Override) string {
 			return "revoke " + o.Node
 		}
 		return "unrevoke " + o.Node
+	case admin.KindSignedRevoke:
+		what := "unrevoke " + o.Node
+		if o.On {
+			what = "revoke " + o.Node
+		}
+		if r, err := identity.ParseRevocation(o.Statement); err == nil {
+			return fmt.Sprintf("%s, signed by the authority (serial %d, issued %s)", what, r.Serial, fmtTime(r.IssuedAt))
+		}
+		return what + ", signed by the authority"
 	case admin.KindServeTo:
 		if o.On {
 			return fmt.Sprintf("serve %s to %s", o.Role, o.Node)
