@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -245,7 +246,7 @@ func TestPeerBoundsHoldPerNodeAcrossConnections(t *testing.T) {
 		open = append(open, cc)
 	}
 	if len(open) != 4 || refusedConns != 1 {
-		t.Fatalf("%d of %d connections from one key were served, %d refused; want 4 served (mesh.max_conns_per_peer) and 1 refused", len(open), conns, refusedConns)
+		t.Errorf("%d of %d connections from one key were served, %d refused; want 4 served (mesh.max_conns_per_peer) and 1 refused", len(open), conns, refusedConns)
 	}
 
 	var busy, other atomic.Int64
@@ -341,6 +342,7 @@ func TestPeerBodyTimeout(t *testing.T) {
 	writeErrs := make(chan error, n)
 	for range n {
 		pr, pw := io.Pipe()
+		context.AfterFunc(ctx, func() { pw.CloseWithError(ctx.Err()) })
 		go func() {
 			// One byte every 200 ms until the stream is closed under it.
 			defer pr.Close()
@@ -378,7 +380,7 @@ func TestPeerBodyTimeout(t *testing.T) {
 		}
 	}
 	for range n {
-		if err := <-writeErrs; err == ctx.Err() {
+		if err := <-writeErrs; errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("a sender could write until the test's deadline: the stream was not closed after the 408")
 		}
 	}

@@ -154,7 +154,10 @@ func TestTransportPeerBodyDeadline(t *testing.T) {
 		w.WriteHeader(http.StatusRequestTimeout)
 	}), func(c *TransportConfig) { c.BodyTimeout = 300 * time.Millisecond })
 	a := startNode(t, dir, "a", nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	pr, pw := io.Pipe()
+	context.AfterFunc(ctx, func() { pw.CloseWithError(ctx.Err()) })
 	wrote := make(chan error, 1)
 	go func() {
 		defer pr.Close()
@@ -166,8 +169,6 @@ func TestTransportPeerBodyDeadline(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://b/v1/chat/completions", pr)
 	resp, err := a.tr.RoundTrip(req)
 	if err != nil {
@@ -181,9 +182,7 @@ func TestTransportPeerBodyDeadline(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestTimeout {
 		t.Errorf("status %d", resp.StatusCode)
 	}
-	select {
-	case <-wrote:
-	case <-ctx.Done():
+	if err := <-wrote; errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("the sender could write on after the answer: the stream was not closed")
 	}
 }
