@@ -54,8 +54,8 @@ func (tm *testMesh) startProc(n *meshNode) *meshNode {
 	return n
 }
 
-// admin is a client of n's admin socket.
-func (n *meshNode) admin(t *testing.T) *admin.Client {
+// adminClient is a client of n's admin socket.
+func (n *meshNode) adminClient(t *testing.T) *admin.Client {
 	c := admin.NewClient(filepath.Join(n.stateDir, "admin.sock"), admin.ClientOptions{Wait: 10 * time.Second})
 	t.Cleanup(c.Close)
 	return c
@@ -126,7 +126,7 @@ func (h *hostileClient) dial(ctx context.Context) *http3.ClientConn {
 	return (&http3.Transport{}).NewClientConn(conn)
 }
 
-// request is a chat request for role as an agent sends it over the hop.
+// hopRequest is a request for role as an agent sends it over the hop.
 func hopRequest(ctx context.Context, node, role, path string, body io.Reader) *http.Request {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+node+path, body)
 	req.Header.Set(proxy.RoleHeader, role)
@@ -154,11 +154,11 @@ func probe(ctx context.Context, cc *http3.ClientConn, node string) error {
 // holdingInstance is an OpenAI-compatible instance that holds every
 // request until released, counting those it holds.
 type holdingInstance struct {
-	base             string
-	release          chan struct{}
-	once             sync.Once
-	inFlight, peak   atomic.Int64
-	served, received atomic.Int64
+	base           string
+	release        chan struct{}
+	once           sync.Once
+	inFlight, peak atomic.Int64
+	served         atomic.Int64
 }
 
 // unblock answers every request held and every one to come.
@@ -172,7 +172,6 @@ func startHoldingInstance(t *testing.T) *holdingInstance {
 			return // health probes
 		}
 		_, _ = io.Copy(io.Discard, r.Body)
-		h.received.Add(1)
 		n := h.inFlight.Add(1)
 		for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
 		}
@@ -224,7 +223,7 @@ func TestPeerBoundsHoldPerNodeAcrossConnections(t *testing.T) {
 	inst := startHoldingInstance(t)
 	tm.start("a", map[string]roleSpec{"other": {}}, false)
 	b := tm.start("b", map[string]roleSpec{"chat": {upstream: &testUpstream{base: inst.base}, model: "m", expose: true, serveTo: []string{"a"}}}, false)
-	bc := b.admin(t)
+	bc := b.adminClient(t)
 	b.procAdmits(t, bc, "a")
 	pid := b.proc.cmd.Process.Pid
 	fdsBefore := testproc.OpenFDs(t, pid)
@@ -676,7 +675,7 @@ func TestRemotePeerHugeResponseHeadIsRefused(t *testing.T) {
 	ub := startUpstream(t, "model-b", 0)
 	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
 	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	ac := a.admin(t)
+	ac := a.adminClient(t)
 	testproc.WaitUntil(t, "a resolves chat to b", 60*time.Second, func() bool {
 		rt, err := ac.Route(context.Background(), "chat")
 		return err == nil && rt.Serving == "b"
@@ -732,10 +731,13 @@ func TestRemotePeerHugeResponseHeadIsRefused(t *testing.T) {
 
 // TestPinnedHugeAnswersKeepTheServingAgentSmall: b's instance answers
 // every request with 200 MiB of JSON, its model pinned (b rewrites it to
-// the name asked for), and a peer asks for six at once. b, a real
-// infermeshd process, rewrites each as it streams: its peak RSS stays
-// below what one such answer would take to hold. Before, b read each
-// whole into memory before sending a byte: six took it past 1.2 GiB.
+// the name asked for), and a peer asks for six at once and reads the
+// first 16 MiB of each (enough to see each stream, rewritten, while all
+// six are open; the rewrite of a whole large answer is
+// TestPinnedLargeAnswerIsRewrittenAsItStreams's). b, a real infermeshd
+// process, rewrites each as it streams: its peak RSS stays below what one
+// such answer would take to hold. Before, b read each whole into memory
+// before sending a byte: six took it past 1.2 GiB.
 func TestPinnedHugeAnswersKeepTheServingAgentSmall(t *testing.T) {
 	const parallel, size, read = 6, 200 << 20, 16 << 20
 	tm := newTestMesh(t, "a", "b")
@@ -766,7 +768,7 @@ func TestPinnedHugeAnswersKeepTheServingAgentSmall(t *testing.T) {
 	}))
 	tm.start("a", map[string]roleSpec{"other": {}}, false)
 	b := tm.start("b", map[string]roleSpec{"chat": {upstream: &testUpstream{base: base}, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	bc := b.admin(t)
+	bc := b.adminClient(t)
 	b.procAdmits(t, bc, "a")
 	pid := b.proc.cmd.Process.Pid
 	before := testproc.MemKB(t, pid, "VmRSS")
