@@ -248,8 +248,10 @@ func TestPeerBoundsHoldPerNodeAcrossConnections(t *testing.T) {
 		t.Errorf("%d of %d connections from one key were served, %d refused; want 4 served (mesh.max_conns_per_peer) and 1 refused", len(open), conns, refusedConns)
 	}
 
+	// Each connection allows 16 streams: none of these waits for one.
 	var busy, other atomic.Int64
 	var wg sync.WaitGroup
+	defer func() { inst.unblock(); wg.Wait() }() // also when the test fails early
 	for _, cc := range open {
 		for range streams {
 			wg.Go(func() {
