@@ -89,3 +89,4 @@ fuzz-quick:
 	$(GO) test -run '^$$' -fuzz '^FuzzResponseVsNetHTTP$$' -fuzztime $(FUZZTIME) -parallel 1 ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzRewriteModel$$' -fuzztime 15s -parallel 1 ./proxy
 	$(GO) test -run '^$$' -fuzz '^FuzzBodyModel$$' -fuzztime 15s -parallel 1 ./proxy
+	$(GO) test -run '^$$' -fuzz '^FuzzModelStream$$' -fuzztime 15s -parallel 1 ./proxy

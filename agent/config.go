@@ -87,9 +87,14 @@ type MeshConfig struct {
 	// Default 60s.
 	AdvertTTL time.Duration `yaml:"advert_ttl"`
 	// MaxStreamsPerPeer bounds the requests one peer may have in flight to
-	// this node at once (QUIC streams on its connection); more wait for a
-	// free stream. Default 4096.
+	// this node at once, across all of its QUIC connections. On one
+	// connection (an agent keeps one) more wait for a free stream; beyond
+	// it across connections they are answered 503. Default 4096.
 	MaxStreamsPerPeer int64 `yaml:"max_streams_per_peer"`
+	// MaxConnsPerPeer bounds the QUIC connections one peer may hold to this
+	// node at once; another is closed after its handshake (and audited).
+	// Default 4.
+	MaxConnsPerPeer int `yaml:"max_conns_per_peer"`
 }
 
 // Enabled reports whether the mesh is configured.
@@ -562,6 +567,10 @@ func (m *MeshConfig) validate() error {
 		return fieldErr("mesh.max_streams_per_peer", "%d is negative", m.MaxStreamsPerPeer)
 	}
 	m.MaxStreamsPerPeer = cmp.Or(m.MaxStreamsPerPeer, mesh.DefaultMaxStreamsPerPeer)
+	if m.MaxConnsPerPeer < 0 {
+		return fieldErr("mesh.max_conns_per_peer", "%d is negative", m.MaxConnsPerPeer)
+	}
+	m.MaxConnsPerPeer = cmp.Or(m.MaxConnsPerPeer, mesh.DefaultMaxConnsPerPeer)
 	for name, v := range map[string]string{"mesh.bind": m.Bind, "mesh.advertise": m.Advertise, "mesh.quic": m.QUIC, "mesh.quic_advertise": m.QUICAdvertise} {
 		if v == "" {
 			continue

@@ -150,6 +150,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"quic wildcard", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '0.0.0.0:7947'}\n", "set mesh.quic_advertise"},
 		{"quic advertise wildcard", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '0.0.0.0:7947', quic_advertise: ':7947'}\n", "mesh.quic_advertise"},
 		{"bad join", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '127.0.0.1:2', join: [nope]}\n", "mesh.join[0]"},
+		{"negative max_conns_per_peer", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '127.0.0.1:2', max_conns_per_peer: -1}\n", "mesh.max_conns_per_peer: -1 is negative"},
 		{"trusted node bad key", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: nope}]}\n", "trust.nodes[0].public_key"},
 		{"bad authority", "node: {name: a}\ntrust: {authority: 'AAAA'}\n", "trust.authority"},
 		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},

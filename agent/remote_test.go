@@ -25,6 +25,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
+	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/identity"
@@ -157,6 +158,13 @@ type testMesh struct {
 	// ownKeyrings gives every node a keyring file of its own, a copy of
 	// the shared one made at its first start, as on separate hosts.
 	ownKeyrings bool
+	// meshYAML and proxyYAML add keys to a node's mesh section and to its
+	// proxy mapping ("k: v, " items).
+	meshYAML, proxyYAML map[string]string
+	// loggers is the logger of a node run in this process (default none).
+	loggers map[string]*zap.Logger
+	// procs runs these nodes as infermeshd processes (startProc).
+	procs map[string]bool
 }
 
 type meshNode struct {
@@ -169,6 +177,8 @@ type meshNode struct {
 	pc       net.PacketConn // the QUIC socket when the test owns it (to kill it)
 	frozen   *freezableConn // pc, which the test can freeze
 	cfgPath  string
+	proc     *agentProc     // when run as its own process
+	ports    map[string]int // role -> port, of a node run as a process
 	agent    *Agent
 	cancel   context.CancelFunc
 	done     chan error
@@ -229,6 +239,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
 	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
 	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyringOf(n))
+	b.WriteString(tm.meshYAML[name])
 	if j, ok := tm.joins[name]; ok {
 		if j != "" {
 			fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[j].bind)
@@ -247,11 +258,18 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	// connect_timeout bounds a QUIC handshake too: 5s, as a loaded machine
 	// under -race can take over a second for one (a dead peer is found by
 	// the transport's short idle timeout, not by this bound).
-	fmt.Fprintf(&b, "proxy: {connect_timeout: 5s, health_interval: 100ms, shutdown_timeout: %s}\n", cmp.Or(tm.shutdown, 2*time.Second))
+	fmt.Fprintf(&b, "proxy: {%sconnect_timeout: 5s, health_interval: 100ms, shutdown_timeout: %s}\n", tm.proxyYAML[name], cmp.Or(tm.shutdown, 2*time.Second))
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {
 		port++ // placeholder: replaced by 0 after loading (any free port)
+		if tm.procs[name] {
+			port = testnet.TCPPort(t, "127.0.0.1")
+			if n.ports == nil {
+				n.ports = map[string]int{}
+			}
+			n.ports[role] = port
+		}
 		fmt.Fprintf(&b, "  %s:\n    port: %d\n    expose: %v\n", role, port, r.expose)
 		if r.upstream != nil {
 			fmt.Fprintf(&b, "    upstream: %s\n    model: %s\n", r.upstream.base, r.model)
@@ -270,6 +288,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	if err := os.WriteFile(n.cfgPath, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if tm.procs[name] {
+		return tm.startProc(n)
+	}
 	cfg, err := LoadConfig(n.cfgPath)
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, b.String())
@@ -286,6 +307,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		notify = func(state string) { tm.notify(name, state) }
 	}
 	a, err := New(cfg, Options{
+		Logger: tm.loggers[name],
 		Notify: notify,
 		MeshTuning: func(c *mesh.Config) {
 			c.GossipInterval = 20 * time.Millisecond

@@ -86,6 +86,9 @@ func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
 		Graceful:  mesh.GracefulClose,
 		Alive:     a.remote.progressing,
 		FirstByte: a.cfg.Proxy.PeerFirstByteTimeout,
+		// A remote attempt waits for response headers as long as a local
+		// one (zero: the proxy's default too).
+		HeaderTimeout: a.cfg.Proxy.UpstreamTimeout,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -106,6 +109,8 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	cfg.Handler = a.proxy.PeerHandler(mesh.PeerFromRequest, a.peerRefused)
 	cfg.Logger = a.log.Named("quic")
 	cfg.MaxStreamsPerPeer = a.cfg.Mesh.MaxStreamsPerPeer
+	cfg.MaxConnsPerPeer = a.cfg.Mesh.MaxConnsPerPeer
+	cfg.BodyTimeout = a.cfg.Proxy.BodyTimeout // zero: the transport's default, the proxy's too
 	if a.cfg.Proxy.ConnectTimeout > 0 {
 		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
 	}

@@ -76,7 +76,8 @@ func TestDefaultsFillOnlyZeroFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.HandshakeTimeout != tc.HandshakeTimeout || got.KeepAlivePeriod != tc.KeepAlivePeriod ||
-		got.RecheckInterval != tc.RecheckInterval || got.MaxStreamsPerPeer != tc.MaxStreamsPerPeer || got.Logger == nil {
+		got.RecheckInterval != tc.RecheckInterval || got.MaxStreamsPerPeer != tc.MaxStreamsPerPeer ||
+		got.MaxConnsPerPeer != tc.MaxConnsPerPeer || got.BodyTimeout != tc.BodyTimeout || got.Logger == nil {
 		t.Errorf("transport defaults not filled: %+v", got)
 	}
 	if got.MaxIdleTimeout != time.Minute {
@@ -89,6 +90,8 @@ func TestDefaultsFillOnlyZeroFields(t *testing.T) {
 		{"KeepAlivePeriod", func(c *TransportConfig) { c.KeepAlivePeriod = -1 }},
 		{"RecheckInterval", func(c *TransportConfig) { c.RecheckInterval = -1 }},
 		{"MaxStreamsPerPeer", func(c *TransportConfig) { c.MaxStreamsPerPeer = -1 }},
+		{"MaxConnsPerPeer", func(c *TransportConfig) { c.MaxConnsPerPeer = -1 }},
+		{"BodyTimeout", func(c *TransportConfig) { c.BodyTimeout = -1 }},
 	} {
 		c := TransportConfig{Name: "a", Key: make([]byte, 64), Listen: "127.0.0.1:0", Peers: NewStaticDirectory()}
 		tt.mod(&c)

@@ -109,6 +109,13 @@
 // revocation or a changed key cuts them; gossip alone saying a peer is
 // gone does not.
 //
+// An admitted peer is bounded per authenticated node, across all of its
+// connections, in the transport's own code around the connection, the
+// handler and the response (see peerlimits.go): its connections
+// (MaxConnsPerPeer), its requests in flight (MaxStreamsPerPeer), the time
+// its request bodies take (BodyTimeout), and the response head it may send
+// back (MaxHeadBytes).
+//
 // # Words
 //
 //   - node: a host running an agent, named by its node name; a peer is any

@@ -65,6 +65,7 @@ type Transport struct {
 	dialed  map[string]*dialedConn   // node -> the connection we dialed
 	heard   map[string]*heardFrom    // node -> when its answers last brought data
 	served  map[*quic.Conn]*verified // connections peers dialed to us
+	load    map[string]*peerLoad     // node -> its connections and requests here
 	ln      *quic.Listener
 	serving bool
 	closed  bool
@@ -83,10 +84,12 @@ type dialedConn struct {
 	key  ed25519.PublicKey
 }
 
-// verified is the identity a connection was verified as in its handshake.
+// verified is the identity a connection was verified as in its handshake,
+// and what its node holds here across its connections.
 type verified struct {
 	node string
 	key  ed25519.PublicKey
+	load *peerLoad
 }
 
 type peerCtxKey struct{}
@@ -111,6 +114,7 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 		dialed:  map[string]*dialedConn{},
 		heard:   map[string]*heardFrom{},
 		served:  map[*quic.Conn]*verified{},
+		load:    map[string]*peerLoad{},
 		closing: make(chan struct{}),
 	}
 	t.refusals.init()
@@ -142,14 +146,15 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	t.clientTLS = baseTLSConfig(cert)
 	t.clientTLS.ClientSessionCache = nil
 	t.h3 = &http3.Transport{
-		TLSClientConfig:    t.clientTLS,
-		QUICConfig:         t.clientQUIC,
-		Dial:               t.dial,
-		DisableCompression: true,
+		TLSClientConfig:        t.clientTLS,
+		QUICConfig:             t.clientQUIC,
+		Dial:                   t.dial,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: MaxHeadBytes,
 	}
 	t.srv = &http3.Server{
 		Handler:        http.HandlerFunc(t.servePeer),
-		MaxHeaderBytes: 64 << 10,
+		MaxHeaderBytes: MaxHeadBytes,
 		ConnContext:    t.connContext,
 	}
 	return t, nil
@@ -185,7 +190,7 @@ func (t *Transport) Serve(ctx context.Context) error {
 	t.log.Info("mesh transport serving", zap.String("addr", t.Addr().String()))
 
 	errc := make(chan error, 1) // buffered: the server goroutine never blocks on exit
-	go func() { errc <- t.srv.ServeListener(ln) }()
+	go func() { errc <- t.srv.ServeListener(limitedListener{Listener: ln, t: t}) }()
 	accepting := true
 	wait := func() {
 		if accepting {
@@ -308,9 +313,15 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if errors.Is(err, http3.ErrTransportClosed) {
 			return nil, ErrTransportClosed
 		}
+		if headTooLarge(err) {
+			return nil, fmt.Errorf("peer %q: %w: %w", node, ErrResponseHeadTooLarge, err)
+		}
 		return nil, fmt.Errorf("peer %q: %w", node, err)
 	}
 	h.stamp()
+	if err := checkResponseHead(node, resp); err != nil {
+		return nil, err
+	}
 	resp.Body = &heardBody{ReadCloser: resp.Body, h: h}
 	return resp, nil
 }
@@ -408,18 +419,16 @@ func (t *Transport) serverTLSConfig() *tls.Config {
 	return base
 }
 
-// connContext attaches the verified peer to every request of a connection
-// and registers the connection for re-checks.
+// connContext attaches the verified peer to every request of a
+// connection, as admitConn registered it (for re-checks and its node's
+// bounds).
 func (t *Transport) connContext(ctx context.Context, c *quic.Conn) context.Context {
-	cs := c.ConnectionState().TLS
-	node, key, ok := peerOfState(&cs)
-	if !ok {
-		return ctx // servePeer refuses: the handshake should have made this impossible
-	}
-	v := &verified{node: node, key: key}
 	t.mu.Lock()
-	t.served[c] = v
+	v := t.served[c]
 	t.mu.Unlock()
+	if v == nil {
+		return ctx // servePeer refuses: admitConn registers every connection it lets through
+	}
 	return context.WithValue(ctx, peerCtxKey{}, v)
 }
 
@@ -442,7 +451,8 @@ func PeerFromRequest(r *http.Request) (string, bool) {
 
 // servePeer re-checks the peer's admission (it may have been revoked since
 // the handshake; the re-check loop closes such connections, this closes the
-// window) and hands the request to the Handler.
+// window), counts the request against its node's bounds, puts its body
+// under BodyTimeout and hands it to the Handler.
 func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 	// http3 runs every request on a new goroutine with the smallest stack;
 	// the proxy's handler then grows it step by step, each step copying a
@@ -457,7 +467,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == keyringPath {
-		t.serveKeyring(w, r, v) // admits, and audits its refusals, itself
+		// Admits, and audits its refusals, itself; its body is bounded
+		// in time like any other.
+		t.bodyDeadline(w, r)
+		t.serveKeyring(w, r, v)
 		return
 	}
 	if !t.stillValid(v.node, v.key) {
@@ -470,6 +483,12 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		t.serveProbe(w)
 		return
 	}
+	release, ok := t.admitStream(w, v)
+	if !ok {
+		return
+	}
+	defer release()
+	t.bodyDeadline(w, r)
 	if r.URL.Path == revocationPath {
 		t.serveRevocation(w, r, v.node)
 		return

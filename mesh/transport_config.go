@@ -48,6 +48,8 @@ const (
 	DefaultMaxIdleTimeout    = 6 * time.Second
 	DefaultRecheckInterval   = time.Second
 	DefaultMaxStreamsPerPeer = 4096
+	DefaultMaxConnsPerPeer   = 4
+	DefaultBodyTimeout       = 60 * time.Second
 )
 
 // TransportConfig configures a Transport. The zero value of a field means its
@@ -89,9 +91,22 @@ type TransportConfig struct {
 	// key, or (ours) moved address is closed, aborting its streams.
 	// Default DefaultRecheckInterval.
 	RecheckInterval time.Duration
-	// MaxStreamsPerPeer bounds concurrent requests a peer may have open on
-	// its connection to us. Default DefaultMaxStreamsPerPeer.
+	// MaxStreamsPerPeer bounds the requests a peer may have in flight here
+	// at once, across all of its connections; each connection also allows
+	// at most that many streams, so a peer with one connection (an agent
+	// keeps one) waits for a free stream rather than being refused.
+	// Default DefaultMaxStreamsPerPeer.
 	MaxStreamsPerPeer int64
+	// MaxConnsPerPeer bounds the QUIC connections one peer (node) may hold
+	// here at once; another is closed after its handshake. An agent keeps
+	// one; a restarted one may leave the old one open until it times out.
+	// Default DefaultMaxConnsPerPeer.
+	MaxConnsPerPeer int
+	// BodyTimeout bounds reading a peer's request body, from the start of
+	// the request (the stream's read deadline): a body that has not
+	// arrived by then is answered 408 and the stream closed. Default
+	// DefaultBodyTimeout.
+	BodyTimeout time.Duration
 	// OnRefused is told about refused peers: handshakes (either side) and
 	// requests from a peer no longer admitted. peer is the node claimed, or
 	// "addr:<ip>" when none was. Called at most once per (peer, why)
@@ -120,6 +135,8 @@ func DefaultTransportConfig() TransportConfig {
 		MaxIdleTimeout:    DefaultMaxIdleTimeout,
 		RecheckInterval:   DefaultRecheckInterval,
 		MaxStreamsPerPeer: DefaultMaxStreamsPerPeer,
+		MaxConnsPerPeer:   DefaultMaxConnsPerPeer,
+		BodyTimeout:       DefaultBodyTimeout,
 	}
 }
 
@@ -128,17 +145,23 @@ func (c TransportConfig) withDefaults() (TransportConfig, error) {
 	if err := nonNegative(
 		namedDuration{"HandshakeTimeout", c.HandshakeTimeout}, namedDuration{"KeepAlivePeriod", c.KeepAlivePeriod},
 		namedDuration{"MaxIdleTimeout", c.MaxIdleTimeout}, namedDuration{"RecheckInterval", c.RecheckInterval},
+		namedDuration{"BodyTimeout", c.BodyTimeout},
 	); err != nil {
 		return c, err
 	}
 	if c.MaxStreamsPerPeer < 0 {
 		return c, errors.New("MaxStreamsPerPeer: negative")
 	}
+	if c.MaxConnsPerPeer < 0 {
+		return c, errors.New("MaxConnsPerPeer: negative")
+	}
 	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
 	c.KeepAlivePeriod = cmp.Or(c.KeepAlivePeriod, d.KeepAlivePeriod)
 	c.MaxIdleTimeout = cmp.Or(c.MaxIdleTimeout, d.MaxIdleTimeout)
 	c.RecheckInterval = cmp.Or(c.RecheckInterval, d.RecheckInterval)
 	c.MaxStreamsPerPeer = cmp.Or(c.MaxStreamsPerPeer, d.MaxStreamsPerPeer)
+	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, d.MaxConnsPerPeer)
+	c.BodyTimeout = cmp.Or(c.BodyTimeout, d.BodyTimeout)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -45,7 +46,11 @@ func connectionNamed(h http.Header) []string {
 // the mesh to a peer agent (and on to the peer's instance): an allowlist,
 // so credentials under any name (Authorization, Cookie, X-Api-Key,
 // Api-Key, ...) and anything else an app sends for this host alone never
-// leave it. The peer adds the framing headers itself.
+// leave it. The peer adds the framing headers itself. The serving agent
+// applies the same list to what a peer sends before its instance sees it:
+// it does not rely on the consumer's goodwill. A query string does not
+// cross the hop at all (the consumer sends none, the serving agent drops
+// any): OpenAI's endpoints take none.
 var MeshHeaders = []string{
 	"Accept", "Idempotency-Key", "Openai-Beta", "Traceparent", "Tracestate",
 	"User-Agent", "X-Idempotency-Key", "X-Request-Id",
@@ -87,6 +92,55 @@ func copyHeaders(dst, src http.Header, mesh bool) {
 	}
 }
 
+// PeerResponseHeaders are the only headers of a peer agent's answer that
+// reach the app (besides the framing this agent sets itself), with every
+// header that starts with one of PeerResponseHeaderPrefixes: what
+// OpenAI's SDKs and apps read of an answer (its type and encoding, the
+// retry advice, rate limits, OpenAI's own). A peer is another host: its
+// cookies, caching and security policy, and whatever else it sets, are
+// not this host's. An instance's own answer (local path) passes whole.
+//
+// Either way X-Request-Id and every Infermesh-* header the app sees are
+// this agent's own: the request's id as this agent made or took it, and
+// Infermesh-Served-By naming the node that served it as this agent knows
+// it (itself, or the node the peer's connection was verified as). Those an
+// instance or a peer set are dropped.
+var PeerResponseHeaders = []string{
+	"Content-Encoding", "Content-Type", "Retry-After", "Retry-After-Ms", "X-Should-Retry",
+}
+
+// PeerResponseHeaderPrefixes: see PeerResponseHeaders.
+var PeerResponseHeaderPrefixes = []string{"Openai-", "X-Ratelimit-"}
+
+// responseHeaderOK reports whether the end-to-end response header k of an
+// instance's answer (peer false) or a peer agent's (peer true) may reach
+// the client.
+func responseHeaderOK(k string, peer bool) bool {
+	if k == RequestIDHeader || strings.HasPrefix(k, "Infermesh-") {
+		return false
+	}
+	if !peer || slices.Contains(PeerResponseHeaders, k) {
+		return true
+	}
+	for _, p := range PeerResponseHeaderPrefixes {
+		if strings.HasPrefix(k, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyResponseHeaders copies the response headers of src that may reach
+// the client (responseHeaderOK) into dst.
+func copyResponseHeaders(dst, src http.Header, peer bool) {
+	connNamed := connectionNamed(src)
+	for k, vv := range src {
+		if forwardable(k, connNamed, false) && responseHeaderOK(k, peer) {
+			dst[k] = vv
+		}
+	}
+}
+
 // validHeaderValue reports whether v can be written on an HTTP/1.1 header
 // line as it is (no control characters but tab).
 func validHeaderValue(v string) bool {
@@ -99,15 +153,16 @@ func validHeaderValue(v string) bool {
 }
 
 // appendRequestHead appends the head of the request forwarded to a local
-// instance: the request line, Host, the client's end-to-end headers,
+// instance: the request line, Host, the client's end-to-end headers (only
+// MeshHeaders, and no query, for a peer's request: see MeshHeaders),
 // Content-Type and Content-Length n.
 //
 // A non-empty key replaces the client's Authorization with the instance's
 // own key.
-func appendRequestHead(dst []byte, r *http.Request, host, path string, n int, key string) []byte {
+func appendRequestHead(dst []byte, r *http.Request, host, path string, n int, key string, peer bool) []byte {
 	dst = append(dst, "POST "...)
 	dst = append(dst, path...)
-	if q := r.URL.RawQuery; q != "" {
+	if q := r.URL.RawQuery; q != "" && !peer {
 		dst = append(dst, '?')
 		dst = append(dst, q...)
 	}
@@ -116,7 +171,7 @@ func appendRequestHead(dst []byte, r *http.Request, host, path string, n int, ke
 	dst = append(dst, "\r\n"...)
 	connNamed := connectionNamed(r.Header)
 	for k, vv := range r.Header {
-		if k == "Content-Type" || !forwardable(k, connNamed, false) || (key != "" && k == "Authorization") {
+		if k == "Content-Type" || !forwardable(k, connNamed, peer) || (key != "" && k == "Authorization") {
 			continue
 		}
 		for _, v := range vv {
@@ -181,7 +236,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			// Counted until forward returns: the response, streamed or
 			// not, is relayed before that.
 			defer p.busy.add(role)()
-			resp, err = p.roundTripLocal(r, role, body, buf.model, c)
+			resp, err = p.roundTripLocal(r, role, body, buf.model, c, source == sourcePeer)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
 				continue
@@ -221,7 +276,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			continue
 		}
 		release()
-		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", start)
+		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start)
 		return
 	}
 	if last == nil {
@@ -315,8 +370,9 @@ func (p *Proxy) upstreamKey(role string) string {
 }
 
 // roundTripLocal sends body to the local instance c; m is body's model
-// member, as readBody found it.
-func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m jsonskip.Member, c placement.Candidate) (*http.Response, error) {
+// member, as readBody found it. A peer's request (fromPeer) carries only
+// MeshHeaders and no query string on to the instance.
+func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m jsonskip.Member, c placement.Candidate, fromPeer bool) (*http.Response, error) {
 	in, err := baseInstance(c.Base)
 	if err != nil {
 		return nil, err
@@ -331,8 +387,11 @@ func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m json
 	}
 	if !in.direct || p.cfg.Server == ServerStd {
 		bu := in.u
-		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path, RawQuery: r.URL.RawQuery}
-		req := p.outRequest(r, u, out, false)
+		u := &url.URL{Scheme: bu.Scheme, Host: bu.Host, User: bu.User, Path: bu.Path + r.URL.Path}
+		if !fromPeer {
+			u.RawQuery = r.URL.RawQuery
+		}
+		req := p.outRequest(r, u, out, fromPeer)
 		if key := p.upstreamKey(role); key != "" {
 			req.Header["Authorization"] = []string{"Bearer " + key}
 		}
@@ -341,7 +400,7 @@ func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m json
 	// The whole request, head and body, in one buffer: one write.
 	req := getBodyBuf()
 	defer req.release()
-	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b), p.upstreamKey(role))
+	req.b = appendRequestHead(req.b[:0], r, in.u.Host, in.prefix+r.URL.Path, len(out.b), p.upstreamKey(role), fromPeer)
 	req.b = append(req.b, out.b...)
 	return p.up.roundTrip(r.Context(), in.dial, req.b, replayable(r.Header))
 }
@@ -350,7 +409,8 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 	out := getBodyBuf()
 	out.b = append(out.b[:0], body...)
 	defer out.release()
-	u := &url.URL{Scheme: "https", Host: c.Node, Path: r.URL.Path, RawQuery: r.URL.RawQuery}
+	// No query string: it does not cross the hop (see MeshHeaders).
+	u := &url.URL{Scheme: "https", Host: c.Node, Path: r.URL.Path}
 	req := p.outRequest(r, u, out, true)
 	req.Header[RoleHeader] = []string{role}
 	if _, ok := req.Header["User-Agent"]; !ok {
@@ -361,9 +421,12 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 	return p.cfg.Remote.RoundTrip(req)
 }
 
-func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, remote bool) *http.Request {
+// outRequest is the request http.Transport (or the mesh) sends to u; mesh
+// keeps MeshHeaders only (a request to a peer, or a peer's to the local
+// instance).
+func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, mesh bool) *http.Request {
 	h := make(http.Header, len(r.Header)+2)
-	copyHeaders(h, r.Header, remote)
+	copyHeaders(h, r.Header, mesh)
 	// Not marked replayable: http.Transport sends it again only when none
 	// of it was written, or when the client's own Idempotency-Key says so.
 	h["Content-Type"] = []string{"application/json"}
@@ -385,21 +448,34 @@ func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, remote boo
 
 // respond relays resp to the client. rewrite says the instance was pinned to
 // its own model name, so the name the client asked for (asked, a JSON string
-// literal) is put back into the JSON body or into every SSE event.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite bool, start time.Time) {
+// literal) is put back into the JSON body or into every SSE event. peer
+// says resp is a peer agent's answer (target is the node it was verified
+// as): only PeerResponseHeaders pass, and the response names target as the
+// node that served it.
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time) {
 	defer resp.Body.Close()
 	h := w.Header()
-	copyHeaders(h, resp.Header, false)
+	copyResponseHeaders(h, resp.Header, peer)
+	if peer {
+		h[ServedByHeader] = []string{target}
+	}
 	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
 	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode}
 
+	var body io.Reader = resp.Body
+	pinStream := false // the answer's model is rewritten as it streams
 	if rewrite && isJSON && !sse {
 		buf := getBodyBuf()
 		defer buf.release()
-		b, err := readAllLimit(buf.b[:0], resp.Body, resp.ContentLength, 256<<20)
-		buf.b = b
+		var b []byte
+		whole := false
+		var err error
+		if resp.ContentLength <= pinnedHoldMax {
+			b, whole, err = readPinned(buf.b[:0], resp.Body, resp.ContentLength, pinnedHoldMax)
+			buf.b = b
+		}
 		if err != nil {
 			// Nothing was sent yet: the client gets a clean error.
 			WriteError(w, errUpstream(target+": reading response: "+err.Error()))
@@ -407,19 +483,27 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 			p.done(o, start)
 			return
 		}
-		if p.cfg.Observer != nil && resp.StatusCode < 300 {
-			o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(b)
+		if whole {
+			if p.cfg.Observer != nil && resp.StatusCode < 300 {
+				o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(b)
+			}
+			b = rewriteModel(b, asked)
+			h["Content-Length"] = []string{strconv.Itoa(len(b))}
+			w.WriteHeader(resp.StatusCode)
+			n, _ := w.Write(b)
+			o.Bytes = int64(n)
+			p.done(o, start)
+			return
 		}
-		b = rewriteModel(b, asked)
-		h["Content-Length"] = []string{strconv.Itoa(len(b))}
-		w.WriteHeader(resp.StatusCode)
-		n, _ := w.Write(b)
-		o.Bytes = int64(n)
-		p.done(o, start)
-		return
+		// Too large to hold: what was read goes first, then the rest, and
+		// the length the rewrite gives is not known up front.
+		pinStream = true
+		if len(b) > 0 {
+			body = io.MultiReader(bytes.NewReader(b), resp.Body)
+		}
 	}
 
-	if resp.ContentLength >= 0 && !sse {
+	if resp.ContentLength >= 0 && !sse && !pinStream {
 		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
 	}
 	if sse {
@@ -442,11 +526,16 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	}
 	var n int64
 	var err error
-	if sse {
+	switch {
+	case sse:
 		_ = rc.Flush()
-		n, err = copySSE(dst, rc, resp.Body, asked, rewrite)
-	} else {
-		n, err = copyFlush(dst, rc, resp.Body, false)
+		n, err = copySSE(dst, rc, body, asked, rewrite)
+	case pinStream:
+		ms := &modelStream{w: dst, lit: asked}
+		_, err = copyFlush(ms, rc, body, false)
+		n = ms.n
+	default:
+		n, err = copyFlush(dst, rc, body, false)
 	}
 	o.Bytes = n
 	if m != nil {
@@ -471,32 +560,6 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 }
 
 var errClientGone = errors.New("client write failed")
-
-// readAllLimit appends r's bytes to b, refusing more than limit bytes.
-func readAllLimit(b []byte, r io.Reader, hint int64, limit int64) ([]byte, error) {
-	if hint < 0 || hint > limit {
-		hint = 4096
-	}
-	if int64(cap(b)) < hint+1 {
-		b = make([]byte, 0, hint+1)
-	}
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return nil, errors.New("response larger than the limit")
-		}
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-}
 
 // Copy buffers. Every open stream holds a stream buffer (and, rewritten,
 // an SSE line reader too) on each agent it passes, so they are 2 KiB:

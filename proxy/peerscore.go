@@ -49,7 +49,19 @@ type PeerScoreConfig struct {
 	// FirstByte bounds how long a peer that answers nothing holds an
 	// attempt (see Alive). Default 750ms.
 	FirstByte time.Duration
+	// HeaderTimeout bounds the whole wait for an attempt's response
+	// headers, as Config.UpstreamTimeout bounds a local instance's: a peer
+	// that answers its liveness probes but sends no headers (a hostile
+	// one, or one whose own bound is longer) holds the attempt this long
+	// at most. The attempt then ends with ErrHeaderTimeout, a failure of
+	// the peer like any other, and the next candidate is tried. Default
+	// 5m.
+	HeaderTimeout time.Duration
 }
+
+// ErrHeaderTimeout ends an attempt to a peer that sent no response headers
+// within HeaderTimeout. It is a timeout (errors.Is context.DeadlineExceeded).
+var ErrHeaderTimeout = fmt.Errorf("peer sent no response headers within the upstream timeout: %w", context.DeadlineExceeded)
 
 // ErrNoProgress ends an attempt to a peer whose agent had not sent
 // response headers and did not answer a liveness probe either (frozen,
@@ -58,7 +70,8 @@ var ErrNoProgress = errors.New("peer made no progress: no response headers and n
 
 // DefaultPeerScoreConfig returns the defaults.
 func DefaultPeerScoreConfig() PeerScoreConfig {
-	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute, FirstByte: 750 * time.Millisecond, Now: time.Now}
+	return PeerScoreConfig{FailureThreshold: 3, Cooldown: 10 * time.Second, RefusalMemory: time.Minute,
+		FirstByte: 750 * time.Millisecond, HeaderTimeout: 5 * time.Minute, Now: time.Now}
 }
 
 // PeerScorer is the consumer side's view of its peers. As a Resolver it
@@ -132,7 +145,11 @@ func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
 	if cfg.FirstByte < 0 {
 		return nil, errors.New("peer score config: FirstByte is negative")
 	}
+	if cfg.HeaderTimeout < 0 {
+		return nil, errors.New("peer score config: HeaderTimeout is negative")
+	}
 	cfg.FirstByte = cmp.Or(cfg.FirstByte, d.FirstByte)
+	cfg.HeaderTimeout = cmp.Or(cfg.HeaderTimeout, d.HeaderTimeout)
 	if cfg.RefusalMemory == 0 {
 		cfg.RefusalMemory = d.RefusalMemory
 	}
@@ -382,24 +399,34 @@ func (t *scoredTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// roundTrip sends r, watching for progress while no response headers
-// came (PeerScoreConfig.Alive).
+// roundTrip sends r, bounding the wait for its response headers by
+// HeaderTimeout and watching for progress meanwhile
+// (PeerScoreConfig.Alive).
 func (t *scoredTransport) roundTrip(r *http.Request, node string) (*http.Response, error) {
-	if t.s.cfg.Alive == nil {
-		return t.rt.RoundTrip(r)
-	}
 	ctx, cancel := context.WithCancelCause(r.Context())
+	bound := time.AfterFunc(t.s.cfg.HeaderTimeout, func() { cancel(ErrHeaderTimeout) })
 	headers := make(chan struct{})
 	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		t.watch(ctx, node, headers, cancel)
-	}()
+	if t.s.cfg.Alive != nil {
+		go func() {
+			defer close(watched)
+			t.watch(ctx, node, headers, cancel)
+		}()
+	} else {
+		close(watched)
+	}
 	resp, err := t.rt.RoundTrip(r.WithContext(ctx))
+	if !bound.Stop() && err == nil {
+		// The bound ended the attempt's context as the headers came: its
+		// body would fail on the first read.
+		_ = resp.Body.Close()
+		resp, err = nil, context.Cause(ctx)
+	}
 	close(headers)
 	<-watched
 	if err != nil {
-		if cause := context.Cause(ctx); errors.Is(cause, ErrNoProgress) && r.Context().Err() == nil {
+		if cause := context.Cause(ctx); r.Context().Err() == nil &&
+			(errors.Is(cause, ErrNoProgress) || errors.Is(cause, ErrHeaderTimeout)) {
 			err = fmt.Errorf("peer %q: %w", node, cause)
 		}
 		cancel(nil)

@@ -216,6 +216,7 @@ func TestNewPeerScorerValidates(t *testing.T) {
 		{"no inner", nil, PeerScoreConfig{}, "Resolver"},
 		{"negative threshold", fixedResolver(nil), PeerScoreConfig{FailureThreshold: -1}, "FailureThreshold"},
 		{"negative cooldown", fixedResolver(nil), PeerScoreConfig{Cooldown: -1}, "Cooldown"},
+		{"negative header timeout", fixedResolver(nil), PeerScoreConfig{HeaderTimeout: -1}, "HeaderTimeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

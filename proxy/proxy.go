@@ -262,16 +262,17 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		Proxy:                 nil, // never send loopback traffic through an environment proxy
-		DialContext:           dialer.DialContext,
-		MaxIdleConns:          0,
-		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerUpstream,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: cfg.UpstreamTimeout,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
-		WriteBufferSize:       16 << 10,
-		ReadBufferSize:        16 << 10,
+		Proxy:                  nil, // never send loopback traffic through an environment proxy
+		DialContext:            dialer.DialContext,
+		MaxIdleConns:           0,
+		MaxIdleConnsPerHost:    cfg.MaxIdleConnsPerUpstream,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  cfg.UpstreamTimeout,
+		MaxResponseHeaderBytes: maxResponseHead,
+		DisableCompression:     true,
+		ForceAttemptHTTP2:      false,
+		WriteBufferSize:        16 << 10,
+		ReadBufferSize:         16 << 10,
 	}
 	up := newUpstreamClient(cfg.ConnectTimeout, cfg.UpstreamTimeout, cfg.MaxIdleConnsPerUpstream)
 	return &Proxy{

@@ -386,8 +386,11 @@ func (b *upBody) Close() error {
 
 var errBodyClosed = errors.New("read on closed response body")
 
-// maxResponseHead bounds a response's status line and headers.
-const maxResponseHead = 1 << 20
+// maxResponseHead bounds a response's status line and headers (and a
+// chunked body's trailers): as the role ports bound a request's head, and
+// the mesh a peer's response head (mesh.MaxHeadBytes). An instance's head
+// is a few hundred bytes; one over the bound is answered 502.
+const maxResponseHead = 64 << 10
 
 // readResponseHead parses a status line and header block. Header keys are
 // canonicalized; every value shares one string with the whole block, so a

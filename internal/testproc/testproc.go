@@ -48,3 +48,36 @@ func WaitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// OpenFDs counts pid's open file descriptors.
+func OpenFDs(t testing.TB, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// MemKB reads a memory field of /proc/<pid>/status in KiB: VmRSS (the
+// resident set now), VmHWM (its peak), ...
+func MemKB(t testing.TB, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte(field+":")); ok {
+			f := bytes.Fields(v)
+			if len(f) == 2 && string(f[1]) == "kB" {
+				if n, err := strconv.ParseInt(string(f[0]), 10, 64); err == nil {
+					return n
+				}
+			}
+			break
+		}
+	}
+	t.Fatalf("/proc/%d/status has no %s in kB", pid, field)
+	return 0
+}
