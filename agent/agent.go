@@ -85,8 +85,13 @@ type DevModel func(model string) (base string, stop func(), err error)
 // Agent is one running infermeshd.
 type Agent struct {
 	// ready holds the role ports' Accept until Run reports READY.
-	ready     *acceptGate
-	cfg       *Config
+	ready *acceptGate
+	// cfg is the current config: the one the agent started with, then
+	// what each reload put in force (Backend.Reload stores it). Every
+	// part reads it where it uses a field, so a field a reload changes
+	// is never read at its boot value; a field that needs a restart
+	// keeps its boot value in it until then.
+	cfg       atomic.Pointer[Config]
 	opts      Options
 	log       *zap.Logger
 	audit     *Auditor
@@ -94,9 +99,8 @@ type Agent struct {
 	proxy     *proxy.Proxy
 	metrics   *metrics.Metrics
 	admission mesh.AdmissionProxy
-	scorer    *proxy.PeerScorer                 // nil without a mesh
-	remote    lateRemote                        // the proxy's Remote: the QUIC transport once Run started it
-	upKeys    atomic.Pointer[map[string]string] // role -> upstream API key; replaced on reload
+	scorer    *proxy.PeerScorer // nil without a mesh
+	remote    lateRemote        // the proxy's Remote: the QUIC transport once Run started it
 
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
@@ -120,7 +124,8 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}, ready: newAcceptGate()}
+	a := &Agent{opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}, ready: newAcceptGate()}
+	a.cfg.Store(cfg)
 	a.audit = NewAuditor(a.log)
 	pcfg := placement.Config{
 		NodeID:    cfg.Node.Name,
@@ -149,7 +154,6 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if cfg.Proxy.AccessLogOn() {
 		accessLog = a.log.Named("access")
 	}
-	a.setUpstreamKeys(cfg)
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -163,8 +167,8 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		WriteTimeout:    cfg.Proxy.WriteTimeout,
 		Server:          cfg.Proxy.Server,
 		Observer:        a.metrics,
-		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
-		UpstreamKey:     func(role string) string { return (*a.upKeys.Load())[role] },
+		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
+		UpstreamKey:     a.upstreamKey,
 		NodeName:        cfg.Node.Name,
 		AccessLog:       accessLog,
 		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
@@ -178,16 +182,12 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	return a, nil
 }
 
-// setUpstreamKeys makes cfg's upstream API keys the ones the proxy sends.
-func (a *Agent) setUpstreamKeys(cfg *Config) {
-	keys := map[string]string{}
-	for name, r := range cfg.Roles {
-		if k := r.UpstreamKey(); k != "" {
-			keys[name] = k
-		}
-	}
-	a.upKeys.Store(&keys)
-}
+// config is the current config.
+func (a *Agent) config() *Config { return a.cfg.Load() }
+
+// upstreamKey is the API key role's local instance requires, from the
+// current config: the proxy, the probes and the instance manager send it.
+func (a *Agent) upstreamKey(role string) string { return a.config().Roles[role].upstreamKey }
 
 // Table returns the agent's placement table.
 func (a *Agent) Table() *placement.Table { return a.table }
@@ -226,7 +226,7 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 func (a *Agent) Audit() *Auditor { return a.audit }
 
 // roleNames lists the configured roles, sorted.
-func (a *Agent) roleNames() []string { return sortedKeys(a.cfg.Roles) }
+func (a *Agent) roleNames() []string { return sortedKeys(a.config().Roles) }
 
 // SharedAddr returns the bound address of proxy.listen.
 func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
@@ -252,7 +252,7 @@ func (a *Agent) notify(state string) {
 // are adopted by the next start.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = time.Now()
-	if err := os.MkdirAll(a.cfg.Node.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(a.config().Node.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	// Every goroutine Run starts is in wg and ends with runCtx: on any
@@ -270,7 +270,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// of this trust would admit is a config error, not a silent start
 	// unadmitted. The checks it could not make are logged; an expiry, the
 	// mesh logs itself.
-	_, notes, err := a.cfg.checkCertificate()
+	_, notes, err := a.config().checkCertificate()
 	if err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// with the stored run-time overrides on top.
 	var insts lateInstances
 	aopts := AdminOptions{Metrics: a.metrics, OnReload: a.onReload}
-	if len(a.cfg.desiredInstances()) > 0 {
+	if len(a.config().desiredInstances()) > 0 {
 		aopts.Instances = &insts
 	}
 	if m != nil {
@@ -341,7 +341,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// with neither: each is probed and registered like a static upstream.
 	upstreams := map[string]string{}
 	runtimes := map[string]string{}
-	for name, r := range a.cfg.Roles {
+	for name, r := range a.config().Roles {
 		upstreams[name], runtimes[name] = r.Upstream, "static"
 		if r.Instance != nil && r.Instance.Runtime == provision.RuntimeSimulated {
 			if a.opts.Simulated == nil {
@@ -361,20 +361,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		defer stop()
-		for name, r := range a.cfg.Roles {
+		for name, r := range a.config().Roles {
 			if r.Upstream == "" && r.Instance == nil {
 				upstreams[name] = base
 			}
 		}
 	}
 
-	roles := make([]string, 0, len(a.cfg.Roles))
-	for name := range a.cfg.Roles {
+	roles := make([]string, 0, len(a.config().Roles))
+	for name := range a.config().Roles {
 		roles = append(roles, name)
 	}
 	sort.Strings(roles)
 	for _, name := range roles {
-		r := a.cfg.Roles[name]
+		r := a.config().Roles[name]
 		addr, err := a.proxy.Listen(name, net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)))
 		if err != nil {
 			_ = a.proxy.Shutdown(context.Background())
@@ -387,7 +387,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.table.SetProxyPort(name, port)
 		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
 	}
-	if l := a.cfg.Proxy.Listen; l != "" {
+	if l := a.config().Proxy.Listen; l != "" {
 		addr, err := a.proxy.ListenShared(l, func() []string { return slices.Clone(roles) })
 		if err != nil {
 			_ = a.proxy.Shutdown(context.Background())
@@ -411,12 +411,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		pr := &upstreamProber{
 			role:     name,
-			local:    placement.Local{Base: base, Model: a.cfg.Roles[name].Model, API: "openai", Runtime: runtimes[name]},
+			local:    placement.Local{Base: base, Model: a.config().Roles[name].Model, API: "openai", Runtime: runtimes[name]},
 			reg:      a.table,
 			client:   probeClient,
-			interval: a.cfg.Proxy.HealthInterval,
+			interval: a.config().Proxy.HealthInterval,
 			log:      a.log,
-			key:      func() string { return (*a.upKeys.Load())[name] },
+			key:      func() string { return a.upstreamKey(name) },
 		}
 		wg.Add(1)
 		go func() {
@@ -497,7 +497,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.ready.Open()
 	a.notify("READY=1")
 	a.notify(fmt.Sprintf("STATUS=serving %d role(s)", len(roles)))
-	a.log.Info("infermeshd ready", zap.String("node", a.cfg.Node.Name), zap.String("version", Version))
+	a.log.Info("infermeshd ready", zap.String("node", a.config().Node.Name), zap.String("version", Version))
 
 	<-ctx.Done()
 	a.notify("STOPPING=1")
@@ -506,8 +506,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		// requests, while the ones in flight finish below.
 		a.leaveMesh(m)
 	}
-	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.cfg.Proxy.ShutdownTimeout))
-	sctx, scancel := context.WithTimeout(context.Background(), a.cfg.Proxy.ShutdownTimeout)
+	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.config().Proxy.ShutdownTimeout))
+	sctx, scancel := context.WithTimeout(context.Background(), a.config().Proxy.ShutdownTimeout)
 	defer scancel()
 	if err := a.proxy.Shutdown(sctx); err != nil {
 		a.log.Warn("drain incomplete; cut remaining requests", zap.Error(err))
@@ -585,7 +585,7 @@ func (a *Agent) warnUnservableRoles(b *Backend) {
 		a.log.Warn("reading the run-time policy", zap.Error(err))
 		return
 	}
-	for _, w := range a.cfg.unservableRoles(p.accept, true) {
+	for _, w := range a.config().unservableRoles(p.accept, true) {
 		a.log.Warn(w)
 	}
 }
@@ -594,8 +594,8 @@ func (a *Agent) warnUnservableRoles(b *Backend) {
 // order) that names a model, else "demo".
 func (a *Agent) startDevModel() (base string, stop func(), err error) {
 	model := "demo"
-	for _, name := range sortedKeys(a.cfg.Roles) {
-		if m := a.cfg.Roles[name].Model; m != "" {
+	for _, name := range sortedKeys(a.config().Roles) {
+		if m := a.config().Roles[name].Model; m != "" {
 			model = m
 			break
 		}

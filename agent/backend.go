@@ -121,8 +121,10 @@ type Backend struct {
 	log      *zap.Logger
 
 	// mu serializes changes (store write + apply) and reloads.
-	mu  sync.Mutex
-	cfg atomic.Pointer[Config] // the baseline: the config last loaded
+	mu sync.Mutex
+	// cfg is the agent's current config (Agent.cfg), the baseline of
+	// run-time policy; Reload stores the next one.
+	cfg *atomic.Pointer[Config]
 }
 
 // NewBackend returns the backend of a over st, and applies the config's
@@ -131,8 +133,7 @@ func NewBackend(a *Agent, st *store.Store, opts AdminOptions) (*Backend, error) 
 	if a == nil || st == nil {
 		return nil, errors.New("admin backend: nil agent or store")
 	}
-	b := &Backend{a: a, store: st, mesh: opts.Mesh, inst: opts.Instances, onReload: opts.OnReload, log: a.log.Named("admin")}
-	b.cfg.Store(a.cfg)
+	b := &Backend{a: a, store: st, mesh: opts.Mesh, inst: opts.Instances, onReload: opts.OnReload, log: a.log.Named("admin"), cfg: &a.cfg}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, err := b.applyLocked(); err != nil {

@@ -30,7 +30,6 @@ func (b *Backend) Reload(_ context.Context, by admin.Caller) (admin.ReloadResult
 	// still waiting for a restart is reported again, and one undone in the
 	// file is not.
 	b.cfg.Store(runningConfig(old, next, res.NeedsRestart))
-	b.a.setUpstreamKeys(next)
 	if _, err := b.applyLocked(); err != nil {
 		return res, err
 	}

@@ -69,13 +69,13 @@ func (l *lateRemote) progressing(ctx context.Context, node string) error {
 // newScorer wraps the placement table for the proxy when there is a mesh:
 // remote candidates are ordered by what this node observes of its peers.
 func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
-	if !a.cfg.Mesh.Enabled() {
+	if !a.config().Mesh.Enabled() {
 		return a.table, nil, nil
 	}
 	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{
 		Graceful:  mesh.GracefulClose,
 		Alive:     a.remote.progressing,
-		FirstByte: a.cfg.Proxy.PeerFirstByteTimeout,
+		FirstByte: a.config().Proxy.PeerFirstByteTimeout,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -91,13 +91,13 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	cfg := mesh.DefaultTransportConfig()
 	cfg.Name = m.Name()
 	cfg.Key = m.NodeKey()
-	cfg.Listen = a.cfg.Mesh.QUIC
+	cfg.Listen = a.config().Mesh.QUIC
 	cfg.Peers = m
 	cfg.Handler = a.proxy.PeerHandler(mesh.PeerFromRequest, a.peerRefused)
 	cfg.Logger = a.log.Named("quic")
-	cfg.MaxStreamsPerPeer = a.cfg.Mesh.MaxStreamsPerPeer
-	if a.cfg.Proxy.ConnectTimeout > 0 {
-		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
+	cfg.MaxStreamsPerPeer = a.config().Mesh.MaxStreamsPerPeer
+	if a.config().Proxy.ConnectTimeout > 0 {
+		cfg.HandshakeTimeout = a.config().Proxy.ConnectTimeout
 	}
 	cfg.Leaving = m.Leaving
 	cfg.Keyring = m
