@@ -374,3 +374,72 @@ func TestListDiff(t *testing.T) {
 		}
 	}
 }
+
+// waitingPart is a reloadPart whose plan makes the changes at its paths
+// wait.
+type waitingPart map[string]string
+
+func (w waitingPart) plan(_, _ *Config, changes []configChange) (map[string]string, error) {
+	out := map[string]string{}
+	for _, c := range changes {
+		if why, ok := w[c.path]; ok {
+			out[c.path] = why
+		}
+	}
+	return out, nil
+}
+
+func (waitingPart) apply(*Config, *Config, []configChange) []reloadFailure { return nil }
+
+// TestPlanReloadHoldsARolesServingWhole: when a part makes one of a role's
+// serving changes (port, upstream, model, instance) wait, the role's other
+// serving changes wait with it, whichever part they belong to; its policy
+// and live fields, and other roles, do not; a class without a part waits.
+func TestPlanReloadHoldsARolesServingWhole(t *testing.T) {
+	edit := func(c *Config) {
+		editRole(c, "chat", func(r *RoleConfig) { r.Port, r.Expose, r.UpstreamAPIKeyFile = 18090, false, "/k" })
+		editInstance(c, "embed", func(in *InstanceConfig) { in.Image, in.StopWithAgent = "e5:2", true })
+		editRole(c, "embed", func(r *RoleConfig) { r.Model = "e5" })
+		c.Site = "lab"
+	}
+	tests := []struct {
+		name  string
+		parts map[reloadClass]reloadPart
+		want  map[string]string // path -> why, of the changes that wait
+	}{
+		{
+			name:  "every part applies its own",
+			parts: map[reloadClass]reloadPart{classRole: waitingPart{}, classInstance: waitingPart{}, classPolicy: waitingPart{}},
+			want:  map[string]string{"site": ""},
+		},
+		{
+			name: "an instance field waits: the role's model with it",
+			parts: map[reloadClass]reloadPart{classRole: waitingPart{}, classPolicy: waitingPart{},
+				classInstance: waitingPart{"roles.embed.instance.image": "no manager"}},
+			want: map[string]string{"site": "", "roles.embed.instance.image": "no manager", "roles.embed.model": "with roles.embed.instance.image"},
+		},
+		{
+			name:  "no part for roles and instances",
+			parts: map[reloadClass]reloadPart{classPolicy: waitingPart{}},
+			want:  map[string]string{"site": "", "roles.chat.port": "", "roles.embed.model": "", "roles.embed.instance.image": ""},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old, next := diffBase(), diffBase()
+			edit(next)
+			changes := diffConfig(old, next)
+			waits, err := (&Backend{parts: tt.parts}).planReload(old, next, changes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for i, why := range waits {
+				got[changes[i].path] = why
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("waits = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -414,3 +414,45 @@ func TestReloadRemovesAManagedRole(t *testing.T) {
 		return err == nil && !slices.ContainsFunc(is, func(i admin.Instance) bool { return i.Role == "chat" })
 	})
 }
+
+// TestReloadWaitsForAnInstanceManager: an agent that started without a
+// managed instance runs no instance manager, so a reload that adds one
+// (a new role, or a role switched from its static upstream) says it
+// needs a restart and why, and the role's other serving changes wait with
+// it: the role keeps serving as it was, and the added one is not served.
+func TestReloadWaitsForAnInstanceManager(t *testing.T) {
+	up := startHoldingUpstream(t)
+	dir := t.TempDir()
+	port, gpu := testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1")
+	cfg, err := LoadConfig(rolesConfig(t, dir, fmt.Sprintf("  chat: {port: %d, upstream: %q, model: demo}\n", port, up.base)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aa := startAdminAgent(t, cfg, AdminOptions{})
+	waitServes(t, loopback(port), "chat")
+	native := "{runtime: native, command: /bin/true, port: 9}"
+	rolesConfig(t, dir, fmt.Sprintf("  chat: {port: %d, model: demo, expose: true, instance: %s}\n  gpu: {port: %d, instance: %s}\n", port, native, gpu, native))
+	res, err := aa.client.Reload(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRestart := []string{
+		fmt.Sprintf("roles.chat.upstream: %q -> \"\" (%s)", up.base, noManager),
+		"roles.chat.instance: added (" + noManager + ")",
+		"roles.gpu: added (" + noManager + ")",
+	}
+	if !slices.Equal(res.NeedsRestart, wantRestart) {
+		t.Errorf("needs restart = %q\nwant %q", res.NeedsRestart, wantRestart)
+	}
+	if want := []string{"roles.chat.expose: false -> true"}; !slices.Equal(res.Applied, want) {
+		t.Errorf("applied = %q, want %q", res.Applied, want)
+	}
+	cur := aa.a.config()
+	if _, ok := cur.Roles["gpu"]; ok || cur.Roles["chat"].Upstream != up.base || cur.Roles["chat"].Instance != nil {
+		t.Errorf("current config: roles %v, chat %+v; want chat as it was and no gpu", sortedKeys(cur.Roles), cur.Roles["chat"])
+	}
+	waitServes(t, loopback(port), "chat")
+	if _, ok := aa.a.RoleAddr("gpu"); ok {
+		t.Error("the role that waits for a restart listens")
+	}
+}
