@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/infermesh/infermesh/proxy"
 )
@@ -50,7 +52,22 @@ type gatedHandover struct {
 	h proxy.ConnHandover
 }
 
-func (l *gatedHandover) HandOver(c net.Conn) error { return l.h.HandOver(c) }
+func (l *gatedHandover) HandOver(c net.Conn) error {
+	if l.retired.Load() {
+		return errRetired
+	}
+	return l.h.HandOver(c)
+}
+
+// errRetired refuses to hand over the connections of a retired listener:
+// no next agent listens on its port.
+var errRetired = errors.New("the port is no longer configured")
+
+// A keptListener's socket outlives the listener: cmd/infermeshd keeps
+// it in systemd's file descriptor store for the next agent (Options.Listen).
+// Release takes it out of the store for good, so that closing the
+// listener closes the port.
+type keptListener interface{ Release() }
 
 var _ proxy.ConnHandover = (*gatedHandover)(nil)
 
@@ -59,16 +76,36 @@ type gatedListener struct {
 	gate      *acceptGate
 	closeOnce sync.Once
 	closed    chan struct{}
+	retired   atomic.Bool
+}
+
+// retire gives up the port of a listener a reload took away (its role
+// removed, or moved to another port) before the proxy drains it: the
+// socket leaves systemd's store and closes at once, so that the port is
+// free for another role in the same reload, and the idle connections the
+// drain ends close rather than go to the next agent. Accept then waits for
+// the proxy's own Close, so that its server sees a stop, not a failure.
+func (l *gatedListener) retire() {
+	l.retired.Store(true)
+	if k, ok := l.Listener.(keptListener); ok {
+		k.Release()
+	}
+	_ = l.Listener.Close()
 }
 
 // Accept waits for the gate, then accepts; Close ends the wait.
 func (l *gatedListener) Accept() (net.Conn, error) {
 	select {
 	case <-l.gate.open:
-		return l.Listener.Accept()
 	case <-l.closed:
 		return nil, net.ErrClosed
 	}
+	c, err := l.Listener.Accept()
+	if err != nil && l.retired.Load() {
+		<-l.closed
+		return nil, net.ErrClosed
+	}
+	return c, err
 }
 
 func (l *gatedListener) Close() error {

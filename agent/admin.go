@@ -47,8 +47,8 @@ type Admin struct {
 // config's policy with the stored overrides on top. Nothing is answered
 // until Serve, but clients may already connect: they wait.
 func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
-	lc := admin.ListenConfig{Path: a.cfg.Admin.Socket, Group: a.cfg.Admin.Group}
-	if a.cfg.Admin.PublicRead {
+	lc := admin.ListenConfig{Path: a.config().Admin.Socket, Group: a.config().Admin.Group}
+	if a.config().Admin.PublicRead {
 		lc.SocketMode, lc.DirMode = 0o666, 0o755
 	}
 	ln, err := admin.Listen(lc)
@@ -69,7 +69,7 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 	ad := &Admin{a: a, store: st, backend: b, metrics: opts.Metrics, ln: ln, log: a.log.Named("admin")}
 	scfg := admin.Config{
 		Backend: b,
-		Group:   a.cfg.Admin.Group,
+		Group:   a.config().Admin.Group,
 		Logger:  ad.log,
 		OnRefused: func(c admin.Caller, method, path, why string) {
 			// Counted always; audited once per caller and reason per
@@ -119,7 +119,7 @@ func (ad *Admin) Serve(ctx context.Context) error {
 	}
 	ad.serving = true
 	ctx, ad.cancel = context.WithCancel(ctx)
-	if addr := ad.a.cfg.Admin.Metrics; addr != "" && ad.metrics != nil {
+	if addr := ad.a.config().Admin.Metrics; addr != "" && ad.metrics != nil {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			ad.cancel()

@@ -1,17 +1,11 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"slices"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,8 +79,13 @@ type DevModel func(model string) (base string, stop func(), err error)
 // Agent is one running infermeshd.
 type Agent struct {
 	// ready holds the role ports' Accept until Run reports READY.
-	ready     *acceptGate
-	cfg       *Config
+	ready *acceptGate
+	// cfg is the current config: the one the agent started with, then
+	// what each reload put in force (Backend.Reload stores it). Every
+	// part reads it where it uses a field, so a field a reload changes
+	// is never read at its boot value; a field that needs a restart
+	// keeps its boot value in it until then.
+	cfg       atomic.Pointer[Config]
 	opts      Options
 	log       *zap.Logger
 	audit     *Auditor
@@ -94,9 +93,10 @@ type Agent struct {
 	proxy     *proxy.Proxy
 	metrics   *metrics.Metrics
 	admission mesh.AdmissionProxy
-	scorer    *proxy.PeerScorer                 // nil without a mesh
-	remote    lateRemote                        // the proxy's Remote: the QUIC transport once Run started it
-	upKeys    atomic.Pointer[map[string]string] // role -> upstream API key; replaced on reload
+	scorer    *proxy.PeerScorer // nil without a mesh
+	remote    lateRemote        // the proxy's Remote: the QUIC transport once Run started it
+	binder    *portBinder       // binds the proxy's ports (Options.Listen behind the accept gate)
+	instMu    sync.Mutex        // serializes applyInstances
 
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
@@ -108,7 +108,8 @@ type Agent struct {
 	transport *mesh.Transport
 	admin     *Admin
 	prov      *provisioning
-	nodes     *nodes // nil without a mesh
+	nodes     *nodes       // nil without a mesh
+	serving   *roleServing // set once Run built every part: reloads wait for it
 }
 
 // New validates the configuration and builds an agent; nothing is bound
@@ -120,7 +121,9 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}, ready: newAcceptGate()}
+	a := &Agent{opts: opts, log: opts.Logger, addrs: map[string]net.Addr{}, ready: newAcceptGate()}
+	a.cfg.Store(cfg)
+	a.binder = newPortBinder(a.ready.listen(opts.Listen))
 	a.audit = NewAuditor(a.log)
 	pcfg := placement.Config{
 		NodeID:    cfg.Node.Name,
@@ -149,7 +152,6 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if cfg.Proxy.AccessLogOn() {
 		accessLog = a.log.Named("access")
 	}
-	a.setUpstreamKeys(cfg)
 	p, err := proxy.New(proxy.Config{
 		Resolver:        resolver,
 		Peers:           table,
@@ -163,12 +165,12 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		WriteTimeout:    cfg.Proxy.WriteTimeout,
 		Server:          cfg.Proxy.Server,
 		Observer:        a.metrics,
-		PinnedModel:     func(role string) string { return cfg.Roles[role].Model },
-		UpstreamKey:     func(role string) string { return (*a.upKeys.Load())[role] },
+		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
+		UpstreamKey:     a.upstreamKey,
 		NodeName:        cfg.Node.Name,
 		AccessLog:       accessLog,
 		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
-		Listen:          a.ready.listen(opts.Listen),
+		Listen:          a.binder.listen,
 		Logger:          a.log.Named("proxy"),
 	})
 	if err != nil {
@@ -178,16 +180,12 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	return a, nil
 }
 
-// setUpstreamKeys makes cfg's upstream API keys the ones the proxy sends.
-func (a *Agent) setUpstreamKeys(cfg *Config) {
-	keys := map[string]string{}
-	for name, r := range cfg.Roles {
-		if k := r.UpstreamKey(); k != "" {
-			keys[name] = k
-		}
-	}
-	a.upKeys.Store(&keys)
-}
+// config is the current config.
+func (a *Agent) config() *Config { return a.cfg.Load() }
+
+// upstreamKey is the API key role's local instance requires, from the
+// current config: the proxy, the probes and the instance manager send it.
+func (a *Agent) upstreamKey(role string) string { return a.config().Roles[role].upstreamKey }
 
 // Table returns the agent's placement table.
 func (a *Agent) Table() *placement.Table { return a.table }
@@ -214,10 +212,13 @@ func (a *Agent) AdminSocket() (string, bool) {
 // (SIGHUP). It reports what changed.
 func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 	a.mu.Lock()
-	ad := a.admin
+	ad, serving := a.admin, a.serving != nil
 	a.mu.Unlock()
 	if ad == nil {
 		return admin.ReloadResult{}, errors.New("agent is not running")
+	}
+	if !serving {
+		return admin.ReloadResult{}, errors.New("the agent is still starting; reload once it is ready")
 	}
 	return ad.Backend().Reload(ctx, admin.Caller{UID: uint32(os.Getuid()), PID: int32(os.Getpid())})
 }
@@ -226,7 +227,7 @@ func (a *Agent) Reload(ctx context.Context) (admin.ReloadResult, error) {
 func (a *Agent) Audit() *Auditor { return a.audit }
 
 // roleNames lists the configured roles, sorted.
-func (a *Agent) roleNames() []string { return sortedKeys(a.cfg.Roles) }
+func (a *Agent) roleNames() []string { return sortedKeys(a.config().Roles) }
 
 // SharedAddr returns the bound address of proxy.listen.
 func (a *Agent) SharedAddr() (net.Addr, bool) { return a.proxy.SharedAddr() }
@@ -252,7 +253,7 @@ func (a *Agent) notify(state string) {
 // are adopted by the next start.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = time.Now()
-	if err := os.MkdirAll(a.cfg.Node.StateDir, 0o700); err != nil {
+	if err := os.MkdirAll(a.config().Node.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	// Every goroutine Run starts is in wg and ends with runCtx: on any
@@ -270,7 +271,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// of this trust would admit is a config error, not a silent start
 	// unadmitted. The checks it could not make are logged; an expiry, the
 	// mesh logs itself.
-	_, notes, err := a.cfg.checkCertificate()
+	_, notes, err := a.config().checkCertificate()
 	if err != nil {
 		return err
 	}
@@ -310,8 +311,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	// answers there), opens the state store and applies the config's policy
 	// with the stored run-time overrides on top.
 	var insts lateInstances
-	aopts := AdminOptions{Metrics: a.metrics, OnReload: a.onReload}
-	if len(a.cfg.desiredInstances()) > 0 {
+	aopts := AdminOptions{Metrics: a.metrics, parts: a.reloadParts()}
+	if len(a.config().desiredInstances()) > 0 {
 		aopts.Instances = &insts
 	}
 	if m != nil {
@@ -342,59 +343,30 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.persistAudit(ad.Store().DB())()
 	a.warnUnservableRoles(ad.Backend())
 
-	// Static upstreams, simulated instances (the built-in demo model, one
-	// server per role) and, in dev mode, the demo model for every role
-	// with neither: each is probed and registered like a static upstream.
-	upstreams := map[string]string{}
-	runtimes := map[string]string{}
-	for name, r := range a.cfg.Roles {
-		upstreams[name], runtimes[name] = r.Upstream, "static"
-		if r.Instance != nil && r.Instance.Runtime == provision.RuntimeSimulated {
-			if a.opts.Simulated == nil {
-				return fmt.Errorf("roles.%s.instance.runtime: simulated: this agent has no built-in demo model", name)
-			}
-			base, stop, err := a.opts.Simulated(cmp.Or(r.Model, SimulatedModel))
-			if err != nil {
-				return fmt.Errorf("roles.%s.instance: %w", name, err)
-			}
-			defer stop()
-			upstreams[name], runtimes[name] = base, provision.RuntimeSimulated
-		}
-	}
+	// Every role's port and local upstream: a static upstream, a simulated
+	// instance (the built-in demo model, one server per role) and, in dev
+	// mode, the demo model for every role with neither, each probed and
+	// registered. A reload adds, moves and removes them (roleServing).
+	devBase := ""
 	if a.opts.DevModel != nil {
 		base, stop, err := a.startDevModel()
 		if err != nil {
 			return err
 		}
 		defer stop()
-		for name, r := range a.cfg.Roles {
-			if r.Upstream == "" && r.Instance == nil {
-				upstreams[name] = base
-			}
-		}
+		devBase = base
 	}
-
-	roles := make([]string, 0, len(a.cfg.Roles))
-	for name := range a.cfg.Roles {
-		roles = append(roles, name)
-	}
-	sort.Strings(roles)
-	for _, name := range roles {
-		r := a.cfg.Roles[name]
-		addr, err := a.proxy.Listen(name, net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)))
-		if err != nil {
+	rs := a.newRoleServing(runCtx, devBase)
+	defer rs.close()
+	cfg := a.config()
+	for _, name := range sortedKeys(cfg.Roles) {
+		if err := rs.start(name, cfg.Roles[name]); err != nil {
 			_ = a.proxy.Shutdown(context.Background())
-			return fmt.Errorf("roles.%s.port: %w", name, err)
+			return err
 		}
-		a.mu.Lock()
-		a.addrs[name] = addr
-		a.mu.Unlock()
-		port := uint16(addr.(*net.TCPAddr).Port)
-		a.table.SetProxyPort(name, port)
-		a.log.Info("role listening", zap.String("role", name), zap.String("addr", addr.String()))
 	}
-	if l := a.cfg.Proxy.Listen; l != "" {
-		addr, err := a.proxy.ListenShared(l, func() []string { return slices.Clone(roles) })
+	if l := cfg.Proxy.Listen; l != "" {
+		addr, err := a.proxy.ListenShared(l, a.roleNames)
 		if err != nil {
 			_ = a.proxy.Shutdown(context.Background())
 			return fmt.Errorf("proxy.listen: %w", err)
@@ -407,29 +379,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Done()
 		a.upkeepPlacement(runCtx)
 	}()
-
-	probeClient := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, DisableCompression: true}}
-	defer probeClient.CloseIdleConnections()
-	for _, name := range roles {
-		base := upstreams[name]
-		if base == "" {
-			continue
-		}
-		pr := &upstreamProber{
-			role:     name,
-			local:    placement.Local{Base: base, Model: a.cfg.Roles[name].Model, API: "openai", Runtime: runtimes[name]},
-			reg:      a.table,
-			client:   probeClient,
-			interval: a.cfg.Proxy.HealthInterval,
-			log:      a.log,
-			key:      func() string { return (*a.upKeys.Load())[name] },
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pr.run(runCtx)
-		}()
-	}
 
 	prov, err := a.startProvisioning(runCtx, ad.Store().DB())
 	if err != nil {
@@ -482,6 +431,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
+	// Every part is built: a reload may change them from now on.
+	a.mu.Lock()
+	a.serving = rs
+	a.mu.Unlock()
 	if err := ad.Serve(runCtx); err != nil {
 		_ = a.proxy.Shutdown(context.Background())
 		return err
@@ -502,8 +455,8 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	a.ready.Open()
 	a.notify("READY=1")
-	a.notify(fmt.Sprintf("STATUS=serving %d role(s)", len(roles)))
-	a.log.Info("infermeshd ready", zap.String("node", a.cfg.Node.Name), zap.String("version", Version))
+	a.notify(fmt.Sprintf("STATUS=serving %d role(s)", len(a.config().Roles)))
+	a.log.Info("infermeshd ready", zap.String("node", a.config().Node.Name), zap.String("version", Version))
 
 	<-ctx.Done()
 	a.notify("STOPPING=1")
@@ -512,8 +465,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		// requests, while the ones in flight finish below.
 		a.leaveMesh(m)
 	}
-	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.cfg.Proxy.ShutdownTimeout))
-	sctx, scancel := context.WithTimeout(context.Background(), a.cfg.Proxy.ShutdownTimeout)
+	a.log.Info("stopping: draining in-flight requests", zap.Duration("timeout", a.config().Proxy.ShutdownTimeout))
+	sctx, scancel := context.WithTimeout(context.Background(), a.config().Proxy.ShutdownTimeout)
 	defer scancel()
 	if err := a.proxy.Shutdown(sctx); err != nil {
 		a.log.Warn("drain incomplete; cut remaining requests", zap.Error(err))
@@ -521,62 +474,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.shutdownTransport(sctx)
 	cancel()
 	return nil
-}
-
-// onReload applies what a reloaded config changes beyond role policy: the
-// mesh's trust (revocations take effect at once) and the managed instances.
-func (a *Agent) onReload(old, next *Config, res *admin.ReloadResult) error {
-	if m := a.Mesh(); m != nil {
-		trust, err := next.MeshTrust()
-		if err != nil {
-			return err
-		}
-		if err := m.SetTrust(trust); err != nil {
-			return fmt.Errorf("trust: %w", err)
-		}
-		res.Applied, res.NeedsRestart = moveChanges(res.Applied, res.NeedsRestart, func(c string) bool {
-			return strings.HasPrefix(c, "trust")
-		})
-	}
-	a.mu.Lock()
-	prov := a.prov
-	a.mu.Unlock()
-	if prov != nil {
-		// Instances of roles that keep their listener are re-applied now
-		// (a changed spec replaces the container); roles added or removed
-		// need a restart for their listener anyway.
-		desired := next.desiredInstances()
-		for role := range desired {
-			if _, ok := old.Roles[role]; !ok {
-				delete(desired, role)
-			}
-		}
-		for role, r := range old.Roles {
-			if _, ok := next.Roles[role]; !ok && r.Instance != nil {
-				desired[role] = old.desiredInstances()[role]
-			}
-		}
-		if err := prov.mgr.Apply(context.Background(), desired); err != nil {
-			return fmt.Errorf("instances: %w", err)
-		}
-		res.Applied, res.NeedsRestart = moveChanges(res.Applied, res.NeedsRestart, func(c string) bool {
-			return strings.HasSuffix(c, ".instance: changed")
-		})
-	}
-	return nil
-}
-
-// moveChanges moves the entries of restart that applied says were applied.
-func moveChanges(applied, restart []string, now func(string) bool) ([]string, []string) {
-	kept := restart[:0]
-	for _, c := range restart {
-		if now(c) {
-			applied = append(applied, c)
-		} else {
-			kept = append(kept, c)
-		}
-	}
-	return applied, kept
 }
 
 // warnUnservableRoles logs the roles nothing can ever serve, with the
@@ -591,7 +488,7 @@ func (a *Agent) warnUnservableRoles(b *Backend) {
 		a.log.Warn("reading the run-time policy", zap.Error(err))
 		return
 	}
-	for _, w := range a.cfg.unservableRoles(p.accept, true) {
+	for _, w := range a.config().unservableRoles(p.accept, true) {
 		a.log.Warn(w)
 	}
 }
@@ -600,8 +497,8 @@ func (a *Agent) warnUnservableRoles(b *Backend) {
 // order) that names a model, else "demo".
 func (a *Agent) startDevModel() (base string, stop func(), err error) {
 	model := "demo"
-	for _, name := range sortedKeys(a.cfg.Roles) {
-		if m := a.cfg.Roles[name].Model; m != "" {
+	for _, name := range sortedKeys(a.config().Roles) {
+		if m := a.config().Roles[name].Model; m != "" {
 			model = m
 			break
 		}

@@ -111,12 +111,10 @@ type AdminOptions struct {
 	// Metrics are served at /metrics on the socket and on admin.metrics.
 	// Nil: no metrics.
 	Metrics *metrics.Metrics
-	// OnReload is called by Reload after the new config's role policy is
-	// applied, to apply what else can change at run time (e.g. trust with
-	// mesh.SetTrust). It may move entries of res.NeedsRestart it applied
-	// to res.Applied. An error fails the reload (role policy stays
-	// applied). Nil: every non-policy change needs a restart.
-	OnReload func(old, new *Config, res *admin.ReloadResult) error
+	// parts apply a reload's changes of their class beyond role policy
+	// and the live fields (the backend's own): trust, roles, instances
+	// (see reloadPart). A class without one waits for a restart.
+	parts map[reloadClass]reloadPart
 	// StoreLockTimeout bounds the wait for the state store's lock.
 	// Default 1s.
 	StoreLockTimeout time.Duration
@@ -127,16 +125,18 @@ type AdminOptions struct {
 // (config baseline + stored overrides, see package store). Safe for
 // concurrent use.
 type Backend struct {
-	a        *Agent
-	store    *store.Store
-	mesh     MeshAPI
-	inst     InstanceAPI
-	onReload func(old, new *Config, res *admin.ReloadResult) error
-	log      *zap.Logger
+	a     *Agent
+	store *store.Store
+	mesh  MeshAPI
+	inst  InstanceAPI
+	parts map[reloadClass]reloadPart // by class, the backend's policyPart among them
+	log   *zap.Logger
 
 	// mu serializes changes (store write + apply) and reloads.
-	mu  sync.Mutex
-	cfg atomic.Pointer[Config] // the baseline: the config last loaded
+	mu sync.Mutex
+	// cfg is the agent's current config (Agent.cfg), the baseline of
+	// run-time policy; Reload stores the next one.
+	cfg *atomic.Pointer[Config]
 }
 
 // NewBackend returns the backend of a over st, and applies the config's
@@ -145,8 +145,11 @@ func NewBackend(a *Agent, st *store.Store, opts AdminOptions) (*Backend, error) 
 	if a == nil || st == nil {
 		return nil, errors.New("admin backend: nil agent or store")
 	}
-	b := &Backend{a: a, store: st, mesh: opts.Mesh, inst: opts.Instances, onReload: opts.OnReload, log: a.log.Named("admin")}
-	b.cfg.Store(a.cfg)
+	b := &Backend{a: a, store: st, mesh: opts.Mesh, inst: opts.Instances, log: a.log.Named("admin"), cfg: &a.cfg}
+	b.parts = map[reloadClass]reloadPart{classPolicy: policyPart{b}}
+	for class, p := range opts.parts {
+		b.parts[class] = p
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, err := b.applyLocked(); err != nil {

@@ -59,7 +59,14 @@ type adminAgent struct {
 // socket. The non-nil fields of opts replace the agent's own.
 func startAdminAgent(t *testing.T, cfg *Config, opts AdminOptions) *adminAgent {
 	t.Helper()
-	a, err := New(cfg, Options{AdminTuning: func(o *AdminOptions) {
+	return startAdminAgentWith(t, cfg, Options{}, opts)
+}
+
+// startAdminAgentWith is startAdminAgent with the agent's options o (its
+// AdminTuning is replaced).
+func startAdminAgentWith(t *testing.T, cfg *Config, o Options, opts AdminOptions) *adminAgent {
+	t.Helper()
+	o.AdminTuning = func(o *AdminOptions) {
 		if opts.Mesh != nil {
 			o.Mesh = opts.Mesh
 		}
@@ -69,13 +76,14 @@ func startAdminAgent(t *testing.T, cfg *Config, opts AdminOptions) *adminAgent {
 		if opts.Metrics != nil {
 			o.Metrics = opts.Metrics
 		}
-		if opts.OnReload != nil {
-			o.OnReload = opts.OnReload
+		for class, p := range opts.parts {
+			o.parts[class] = p
 		}
 		if opts.StoreLockTimeout != 0 {
 			o.StoreLockTimeout = opts.StoreLockTimeout
 		}
-	}})
+	}
+	a, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,20 +248,28 @@ func TestReloadAppliesPolicyKeepsOverrides(t *testing.T) {
 	dir := t.TempDir()
 	port := testnet.TCPPort(t, "127.0.0.1")
 	cfg := adminConfigFile(t, dir, basePolicy, port)
-	var hooked []string
-	aa := startAdminAgent(t, cfg, AdminOptions{OnReload: func(old, new *Config, res *admin.ReloadResult) error {
-		hooked = append(hooked, fmt.Sprintf("%v->%v", old.Trust.Revoked, new.Trust.Revoked))
-		return nil
-	}})
+	aa := startAdminAgent(t, cfg, AdminOptions{})
 	ctx := context.Background()
 	if _, err := aa.client.SetPolicy(ctx, admin.PolicyChange{Kind: admin.KindAcceptFrom, Role: "chat", Node: "c", On: false}); err != nil {
 		t.Fatal(err)
 	}
 	// The new file: c and d may serve chat to us, b no longer; serving
-	// side unchanged; a new port (needs a restart).
-	adminConfigFile(t, dir, `    expose: true
+	// side unchanged; and a log level (it needs a restart).
+	writeNext := func(logLine string) {
+		t.Helper()
+		adminConfigFile(t, dir, `    expose: true
     serve_to: [b]
-    accept_from: [c, d]`, port+1)
+    accept_from: [c, d]`, port)
+		f, err := os.OpenFile(cfg.Path(), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(logLine); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeNext("log: {level: debug}\n")
 	res, err := aa.client.Reload(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -261,27 +277,22 @@ func TestReloadAppliesPolicyKeepsOverrides(t *testing.T) {
 	if got, want := strings.Join(res.Applied, "|"), "roles.chat.accept_from: +d -b"; got != want {
 		t.Errorf("Applied = %q, want %q", got, want)
 	}
-	if got, want := strings.Join(res.NeedsRestart, "|"), fmt.Sprintf("roles.chat.port: %d -> %d", port, port+1); got != want {
+	if got, want := strings.Join(res.NeedsRestart, "|"), `log.level: "" -> "debug"`; got != want {
 		t.Errorf("NeedsRestart = %q, want %q", got, want)
 	}
 	// c stays denied by the run-time override, whatever the file says.
 	if got, want := tablePolicy(aa.a).String(), "exposed=true serve_to=[b] accept_from=[d]"; got != want {
 		t.Errorf("after reload: %s, want %s", got, want)
 	}
-	if len(hooked) != 1 {
-		t.Errorf("OnReload calls = %v, want 1", hooked)
-	}
 	// Reload compares the file with what runs, not with the last file
-	// read: the port change still waits for a restart, and once the file
-	// says the running port again, nothing does.
-	if res, err = aa.client.Reload(ctx); err != nil || strings.Join(res.NeedsRestart, "|") != fmt.Sprintf("roles.chat.port: %d -> %d", port, port+1) || len(res.Applied) != 0 {
-		t.Errorf("second reload of the same file = %+v, %v; want the port change still pending and nothing applied", res, err)
+	// read: the level still waits for a restart, and once the file says
+	// the running level again, nothing does.
+	if res, err = aa.client.Reload(ctx); err != nil || strings.Join(res.NeedsRestart, "|") != `log.level: "" -> "debug"` || len(res.Applied) != 0 {
+		t.Errorf("second reload of the same file = %+v, %v; want the level still pending and nothing applied", res, err)
 	}
-	adminConfigFile(t, dir, `    expose: true
-    serve_to: [b]
-    accept_from: [c, d]`, port)
+	writeNext("")
 	if res, err = aa.client.Reload(ctx); err != nil || len(res.NeedsRestart) != 0 || len(res.Applied) != 0 {
-		t.Errorf("reload back to the running port = %+v, %v; want no change at all", res, err)
+		t.Errorf("reload back to the running level = %+v, %v; want no change at all", res, err)
 	}
 
 	// A broken file changes nothing.

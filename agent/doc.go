@@ -15,12 +15,16 @@
 //	                  runtimes (package provision), its periodic orphan sweep (package cleanup)
 //	nodes.go          node bootstrap: the node manager over the state store, the mesh view, the
 //	                  Docker engine and the agent's SSH key (package provision/node); its audit
+//	roleserve.go      each role's port (through the proxy) and local upstream: started, moved,
+//	                  replaced and retired (its port drained) as the config says
 //	health.go         static upstreams: registered in placement only while they answer
 //	audit.go          the audit log, fanned out to `infermesh events`
 //	admin.go          the admin runtime: state store, admin socket, metrics port
 //	backend*.go       the admin API's answers, one file per area (see backend.go)
 //	policy.go         run-time policy: the config with the stored overrides on top
-//	configdiff.go     what a reload changes, and what of that needs a restart
+//	configdiff.go     what a reload changes, field by field: each field's reload class (its
+//	                  `reload` tag), typed changes, and the config in force when some wait
+//	reload.go         the parts that apply a reload's changes of their class: trust, roles, instances
 //
 // Sub-packages: admin (the socket's HTTP API, server and client), store
 // (the bbolt state store and its override precedence), metrics (Prometheus).

@@ -20,7 +20,12 @@ type LocalRegistry interface {
 
 // upstreamProber keeps a static upstream registered in placement only while
 // it answers: llama.cpp's /health first, then /v1/models for servers without
-// one. A server still loading its model (503) counts as down.
+// one. A server still loading its model (503) counts as down. Its first
+// probe decides the role's registration whatever another prober left
+// there (a reload replaces a role's upstream), and while the upstream
+// answers each probe registers it again (a no-op when nothing changed), so
+// that the instance manager forgetting the role's managed instance, which
+// the reload also replaced, cannot take the role away.
 type upstreamProber struct {
 	role     string
 	local    placement.Local
@@ -36,26 +41,29 @@ type upstreamProber struct {
 func (u *upstreamProber) run(ctx context.Context) {
 	t := time.NewTicker(u.interval)
 	defer t.Stop()
-	up := false
+	up, first := false, true
 	for {
 		now := u.probe(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if now != up {
-			up = now
-			if up {
-				if err := u.reg.RegisterLocal(u.role, u.local); err != nil {
+		switch {
+		case now:
+			if err := u.reg.RegisterLocal(u.role, u.local); err != nil {
+				if up || first {
 					u.log.Error("registering local instance", zap.String("role", u.role), zap.Error(err))
-					up = false
-				} else {
-					u.log.Info("local instance up", zap.String("role", u.role), zap.String("upstream", u.local.Base))
 				}
-			} else {
-				u.reg.DeregisterLocal(u.role)
+				now = false
+			} else if !up {
+				u.log.Info("local instance up", zap.String("role", u.role), zap.String("upstream", u.local.Base))
+			}
+		case up || first:
+			u.reg.DeregisterLocal(u.role)
+			if up {
 				u.log.Warn("local instance down", zap.String("role", u.role), zap.String("upstream", u.local.Base))
 			}
 		}
+		up, first = now, false
 		select {
 		case <-ctx.Done():
 			return

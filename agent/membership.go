@@ -53,16 +53,16 @@ func (c *Config) MeshTrust() (mesh.TrustConfig, error) {
 // startMesh creates the node's mesh membership and starts joining in the
 // background. It returns nil, nil when no mesh is configured.
 func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
-	mc := a.cfg.Mesh
+	mc := a.config().Mesh
 	if !mc.Enabled() {
 		return nil, nil
 	}
 	a.warnUnknownPolicyNodes()
-	trust, err := a.cfg.MeshTrust()
+	trust, err := a.config().MeshTrust()
 	if err != nil {
 		return nil, err
 	}
-	cert, err := a.cfg.ownCertificate() // checked at the start of Run
+	cert, err := a.config().ownCertificate() // checked at the start of Run
 	if err != nil {
 		return nil, err
 	}
@@ -71,8 +71,8 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 		quicAdv = mc.QUIC
 	}
 	cfg := mesh.DefaultConfig()
-	cfg.NodeName = a.cfg.Node.Name
-	cfg.StateDir = a.cfg.Node.StateDir
+	cfg.NodeName = a.config().Node.Name
+	cfg.StateDir = a.config().Node.StateDir
 	cfg.Cluster = mc.Cluster
 	cfg.BindAddr = mc.Bind
 	cfg.AdvertiseAddr = mc.Advertise
@@ -301,7 +301,7 @@ func (c *Config) UnknownPolicyNodes() []string {
 
 // warnUnknownPolicyNodes logs UnknownPolicyNodes.
 func (a *Agent) warnUnknownPolicyNodes() {
-	for _, w := range a.cfg.UnknownPolicyNodes() {
+	for _, w := range a.config().UnknownPolicyNodes() {
 		a.log.Warn(w)
 	}
 }

@@ -85,7 +85,7 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	if opts.CLIBinary == "" && opts.AgentBinary != "" {
 		opts.CLIBinary = filepath.Join(filepath.Dir(opts.AgentBinary), "infermesh")
 	}
-	signer, err := node.LoadOrCreateSigner(filepath.Join(a.cfg.Node.StateDir, BootstrapKeyFile), "infermesh-bootstrap@"+a.cfg.Node.Name)
+	signer, err := node.LoadOrCreateSigner(filepath.Join(a.config().Node.StateDir, BootstrapKeyFile), "infermesh-bootstrap@"+a.config().Node.Name)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap ssh key: %w", err)
 	}
@@ -103,7 +103,7 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	if err != nil {
 		return nil, err
 	}
-	dl, err := node.NewDockerLease(docker, node.DockerLeaseConfig{Site: a.cfg.Site, Owner: a.cfg.Node.Name, AuthorizedKeys: []ssh.PublicKey{signer.PublicKey()}})
+	dl, err := node.NewDockerLease(docker, node.DockerLeaseConfig{Site: a.config().Site, Owner: a.config().Node.Name, AuthorizedKeys: []ssh.PublicKey{signer.PublicKey()}})
 	if err != nil {
 		docker.Close()
 		return nil, err
@@ -117,7 +117,7 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	mgr, err := node.NewManager(node.ManagerConfig{
 		Intents: intents, Leases: []node.Lease{dl, sl}, Clients: clients, Membership: mm,
 		JoinTimeout: opts.JoinTimeout, PollInterval: opts.PollInterval,
-		LogDir:     filepath.Join(a.cfg.Node.StateDir, "nodes"),
+		LogDir:     filepath.Join(a.config().Node.StateDir, "nodes"),
 		OnProgress: a.auditNode,
 		Logger:     a.log.Named("nodes"),
 	})

@@ -98,7 +98,7 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if err != nil {
 		return nil, err
 	}
-	desired := a.cfg.desiredInstances()
+	desired := a.config().desiredInstances()
 	remembered, err := intents.Intents()
 	if err != nil {
 		return nil, err
@@ -106,11 +106,11 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if len(desired) == 0 && len(remembered) == 0 {
 		return nil, nil
 	}
-	layout, err := a.cfg.layout()
+	layout, err := a.config().layout()
 	if err != nil {
 		return nil, err
 	}
-	node := a.cfg.Node.Name
+	node := a.config().Node.Name
 	p := &provisioning{}
 	ok := false
 	defer func() {
@@ -121,11 +121,11 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if p.cli, err = provision.NewDockerClient(); err != nil {
 		return nil, err
 	}
-	if p.docker, err = provision.NewDockerProvider(p.cli, provision.DockerConfig{Site: a.cfg.Site, Node: node, Logger: a.log.Named("docker")}); err != nil {
+	if p.docker, err = provision.NewDockerProvider(p.cli, provision.DockerConfig{Site: a.config().Site, Node: node, Logger: a.log.Named("docker")}); err != nil {
 		return nil, err
 	}
 	p.native, err = provision.NewNativeProvider(provision.NativeConfig{
-		Site: a.cfg.Site, Node: node, Dir: layout.NodeDir(node), CacheDir: layout.NodeCache(node),
+		Site: a.config().Site, Node: node, Dir: layout.NodeDir(node), CacheDir: layout.NodeCache(node),
 		Logger: a.log.Named("native"),
 	})
 	if err != nil {
@@ -143,7 +143,7 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 			a.audit.Record(Event{Kind: "provision." + e.Kind.String(), Role: e.Role, Fields: map[string]string{"message": e.Message, "ref": e.Ref}})
 		},
 		// The same keys the proxy sends (upstream_api_key_file).
-		ProbeKey: func(role string) string { return (*a.upKeys.Load())[role] },
+		ProbeKey: a.upstreamKey,
 	}
 	if a.opts.ProvisionTuning != nil {
 		a.opts.ProvisionTuning(&mcfg)
@@ -162,12 +162,12 @@ func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provision
 	if err != nil {
 		return nil, err
 	}
-	sc, err := backends.SiteCleanup(a.cfg.boundKinds())
+	sc, err := backends.SiteCleanup(a.config().boundKinds())
 	if err != nil {
 		return nil, err
 	}
 	scfg := cleanup.SweeperConfig{
-		Cleanup: sc, Site: a.cfg.Site, Node: node, Wanted: p.mgr.Wanted, Logger: a.log.Named("sweep"),
+		Cleanup: sc, Site: a.config().Site, Node: node, Wanted: p.mgr.Wanted, Logger: a.log.Named("sweep"),
 		OnSweep: func(rep cleanup.Report, _ error) {
 			for _, r := range rep.Removed {
 				a.audit.Record(Event{Kind: "cleanup.orphan_removed", Role: r.Role, Fields: map[string]string{"runtime": r.Runtime, "ref": r.Ref, "resource": r.Description}})
@@ -265,9 +265,10 @@ func (s instanceStats) InstanceStats() []metrics.InstanceStat {
 // stop_with_agent, once the manager (done) has ended: instances outlive the
 // agent otherwise, and the next agent adopts them.
 func (a *Agent) stopWithAgent(m *provision.Manager, done <-chan struct{}) {
+	cfg := a.config() // what the last reload put in force
 	var roles []string
-	for _, name := range sortedKeys(a.cfg.Roles) {
-		if in := a.cfg.Roles[name].Instance; in != nil && in.StopWithAgent {
+	for _, name := range sortedKeys(cfg.Roles) {
+		if in := cfg.Roles[name].Instance; in != nil && in.StopWithAgent {
 			roles = append(roles, name)
 		}
 	}

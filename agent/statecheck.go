@@ -30,7 +30,7 @@ var ErrIdentityMissing = errors.New("node key is missing")
 // openStore opens the state store, starting over when the operator asked
 // (Options.ResetState), and reports what it repaired.
 func (a *Agent) openStore(lockTimeout time.Duration) (*store.Store, error) {
-	st, err := store.Open(filepath.Join(a.cfg.Node.StateDir, store.FileName),
+	st, err := store.Open(filepath.Join(a.config().Node.StateDir, store.FileName),
 		store.Options{LockTimeout: lockTimeout, Reset: a.opts.ResetState})
 	if err != nil {
 		if !errors.Is(err, store.ErrLocked) && !a.opts.ResetState {
@@ -50,10 +50,10 @@ func (a *Agent) openStore(lockTimeout time.Duration) (*store.Store, error) {
 // trust the old key, and quietly making a new one would hide that the key
 // was lost (or taken). The operator says so with NewIdentity.
 func (a *Agent) checkIdentity() error {
-	if !a.cfg.Mesh.Enabled() {
+	if !a.config().Mesh.Enabled() {
 		return nil
 	}
-	dir := a.cfg.Node.StateDir
+	dir := a.config().Node.StateDir
 	keyPath := filepath.Join(dir, identity.NodeKeyFile)
 	if _, err := os.Stat(keyPath); !errors.Is(err, os.ErrNotExist) {
 		return nil // there, or unreadable: the mesh reports the latter
@@ -66,7 +66,7 @@ func (a *Agent) checkIdentity() error {
 		if a.opts.NewIdentity {
 			a.log.Warn("node key missing on a node that ran before: making a new one (-new-identity); peers must trust its new public key",
 				zap.String("key", keyPath))
-			a.audit.Record(Event{Kind: AuditNewIdentity, Node: a.cfg.Node.Name, Fields: map[string]string{"key": keyPath}})
+			a.audit.Record(Event{Kind: AuditNewIdentity, Node: a.config().Node.Name, Fields: map[string]string{"key": keyPath}})
 			return nil
 		}
 		return fmt.Errorf("%w: %s is gone, but this node ran before (%s is there) and its peers trust the old key: restore the key, or start with -new-identity to make a new one (then have it trusted again: a new certificate or trust.nodes entry)",

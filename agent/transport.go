@@ -79,16 +79,16 @@ func (l *lateRemote) progressing(ctx context.Context, node string) error {
 // newScorer wraps the placement table for the proxy when there is a mesh:
 // remote candidates are ordered by what this node observes of its peers.
 func (a *Agent) newScorer() (proxy.Resolver, http.RoundTripper, error) {
-	if !a.cfg.Mesh.Enabled() {
+	if !a.config().Mesh.Enabled() {
 		return a.table, nil, nil
 	}
 	s, err := proxy.NewPeerScorer(a.table, proxy.PeerScoreConfig{
 		Graceful:  mesh.GracefulClose,
 		Alive:     a.remote.progressing,
-		FirstByte: a.cfg.Proxy.PeerFirstByteTimeout,
+		FirstByte: a.config().Proxy.PeerFirstByteTimeout,
 		// A remote attempt waits for response headers as long as a local
 		// one (zero: the proxy's default too).
-		HeaderTimeout: a.cfg.Proxy.UpstreamTimeout,
+		HeaderTimeout: a.config().Proxy.UpstreamTimeout,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -104,15 +104,15 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 	cfg := mesh.DefaultTransportConfig()
 	cfg.Name = m.Name()
 	cfg.Key = m.NodeKey()
-	cfg.Listen = a.cfg.Mesh.QUIC
+	cfg.Listen = a.config().Mesh.QUIC
 	cfg.Peers = m
 	cfg.Handler = a.proxy.PeerHandler(mesh.PeerFromRequest, a.peerRefused)
 	cfg.Logger = a.log.Named("quic")
-	cfg.MaxStreamsPerPeer = a.cfg.Mesh.MaxStreamsPerPeer
-	cfg.MaxConnsPerPeer = a.cfg.Mesh.MaxConnsPerPeer
-	cfg.BodyTimeout = a.cfg.Proxy.BodyTimeout // zero: the transport's default, the proxy's too
-	if a.cfg.Proxy.ConnectTimeout > 0 {
-		cfg.HandshakeTimeout = a.cfg.Proxy.ConnectTimeout
+	cfg.MaxStreamsPerPeer = a.config().Mesh.MaxStreamsPerPeer
+	cfg.MaxConnsPerPeer = a.config().Mesh.MaxConnsPerPeer
+	cfg.BodyTimeout = a.config().Proxy.BodyTimeout // zero: the transport's default, the proxy's too
+	if a.config().Proxy.ConnectTimeout > 0 {
+		cfg.HandshakeTimeout = a.config().Proxy.ConnectTimeout
 	}
 	cfg.Leaving = m.Leaving
 	cfg.Keyring = m

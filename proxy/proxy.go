@@ -384,6 +384,32 @@ func (p *Proxy) Close(role string) error {
 	return err
 }
 
+// Retire takes role's listener out of the proxy, still serving, and
+// returns its drain; ok is false when role has none. From then on Listen
+// may bind the role again (on another address at once, on the same one
+// once the drain began), and Shutdown no longer covers it: drain stops it
+// as Shutdown does, for this listener alone. It accepts no more
+// connections, lets the requests in flight (streams included) finish
+// until ctx ends, then cuts what is left, and returns once its
+// connections are closed.
+func (p *Proxy) Retire(role string) (drain func(ctx context.Context) error, ok bool) {
+	p.mu.Lock()
+	rs, ok := p.servers[role]
+	delete(p.servers, role)
+	p.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return func(ctx context.Context) error {
+		err := rs.srv.Shutdown(ctx)
+		if err != nil {
+			_ = rs.srv.Close()
+		}
+		<-rs.done
+		return err
+	}, true
+}
+
 // Shutdown stops accepting, waits for in-flight requests (streams included)
 // until ctx ends, then cuts what is left. It is idempotent.
 func (p *Proxy) Shutdown(ctx context.Context) error {

@@ -185,8 +185,22 @@ func (l *adoptingListener) Close() error {
 // connections it hands over (proxy.ConnHandover).
 type storedListener struct {
 	*adoptingListener
-	s    *fdStore
-	name string // of its idle connections
+	s       *fdStore
+	name    string // of its idle connections
+	release sync.Once
+}
+
+// Release takes the listening socket out of systemd's store for good: a
+// reload took its port away (the role removed, or moved to another port),
+// so closing the listener must close the port rather than leave it
+// queueing connections in the store for the next agent.
+func (l *storedListener) Release() {
+	l.release.Do(func() {
+		l.s.remove(strings.TrimPrefix(l.name, idlePrefix))
+		l.s.mu.Lock()
+		l.s.stored--
+		l.s.mu.Unlock()
+	})
 }
 
 // HandOver stores c's socket with systemd for the next agent.

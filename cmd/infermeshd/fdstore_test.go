@@ -382,6 +382,72 @@ func TestIdleConnectionOutlivesRestart(t *testing.T) {
 	stop(second)
 }
 
+// TestReloadTakesItsPortsOutOfTheStore: under systemd, a reload that
+// removes a role takes its listening socket out of the file descriptor
+// store, so that its port closes instead of queueing connections for the
+// next agent, and a role the reload adds is served on its port, whose
+// socket goes into the store like the others.
+func TestReloadTakesItsPortsOutOfTheStore(t *testing.T) {
+	store := newFakeFDStore(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "infermesh.yaml")
+	chat, embed, rerank := testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1"), testnet.TCPPort(t, "127.0.0.1")
+	addr := func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+	write := func(roles map[string]int) {
+		t.Helper()
+		text := fmt.Sprintf("node: {name: a, state_dir: %s}\nadmin: {socket: %s/admin.sock}\nproxy: {health_interval: 20ms}\nroles:\n", dir, dir)
+		for name, port := range roles {
+			text += fmt.Sprintf("  %s: {port: %d, instance: {runtime: simulated}}\n", name, port)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serves := func(port int, role string) bool {
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := c.Post("http://"+addr(port)+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"`+role+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode == http.StatusOK
+	}
+	write(map[string]int{"chat": chat, "embed": embed})
+	cmd := store.start("-config", path)
+	if got := store.held(); !slices.Contains(got, fdName(addr(chat))) || !slices.Contains(got, fdName(addr(embed))) {
+		t.Fatalf("store holds %q, want both role ports", got)
+	}
+	testproc.WaitUntil(t, "embed serving", 30*time.Second, func() bool { return serves(embed, "embed") })
+
+	write(map[string]int{"chat": chat, "rerank": rerank})
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testproc.WaitUntil(t, "the removed role's socket out of the store, the added one's in", 30*time.Second, func() bool {
+		got := store.held()
+		return !slices.Contains(got, fdName(addr(embed))) && slices.Contains(got, fdName(addr(rerank)))
+	})
+	testproc.WaitUntil(t, "the removed role's port closed", 30*time.Second, func() bool {
+		c, err := net.DialTimeout("tcp", addr(embed), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	testproc.WaitUntil(t, "rerank serving", 30*time.Second, func() bool { return serves(rerank, "rerank") })
+	if !serves(chat, "chat") {
+		t.Error("chat no longer serves after the reload")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}
+
 // TestFDStoreMaxMatchesTheUnit: the agent's count of what fits in the
 // store is the unit's FileDescriptorStoreMax.
 func TestFDStoreMaxMatchesTheUnit(t *testing.T) {
