@@ -816,9 +816,12 @@ func TestRemoteRequestNeverBounces(t *testing.T) {
 	// b has no instance of its own but may use c's: it must not forward a's
 	// request there.
 	b := tm.start("b", map[string]roleSpec{"chat": {expose: true, serveTo: []string{"a"}, acceptFrom: []string{"c"}}}, false)
-	tm.start("c", map[string]roleSpec{"chat": {upstream: uc, model: "model-c", expose: true, serveTo: []string{"a", "b"}}}, false)
+	c := tm.start("c", map[string]roleSpec{"chat": {upstream: uc, model: "model-c", expose: true, serveTo: []string{"a", "b"}}}, false)
 	waitFor(t, "b resolves chat to c", func() bool { return b.resolvesTo("chat", "c") })
 	waitFor(t, "a admits b", func() bool { return a.agent.Mesh().IsAdmitted("b") })
+	// c serves b only once it has heard b (gossip), whatever b has heard
+	// of c: b's own request below would be refused before that.
+	waitFor(t, "c admits b", func() bool { return c.agent.Mesh().IsAdmitted("b") })
 
 	st, body := a.sendDirect(t, "b", "chat")
 	if st != http.StatusNotFound {
@@ -834,9 +837,10 @@ func TestRemoteRequestNeverBounces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || uc.requests.Load() != 1 {
-		t.Errorf("b's own request: status %d, c served %d; want 200 and 1", resp.StatusCode, uc.requests.Load())
+		t.Errorf("b's own request: status %d %s, c served %d; want 200 and 1", resp.StatusCode, rb, uc.requests.Load())
 	}
 }
 
