@@ -180,6 +180,8 @@ func TestTransportPeerBodyDeadline(t *testing.T) {
 				wrote <- err
 				return
 			}
+			// The trickle is the fault injected (a byte every 50 ms), not
+			// a wait for a condition.
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
