@@ -14,8 +14,8 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/store"
 )
 
 // Admin is the agent's admin runtime: the state store, the backend, the
@@ -102,7 +102,7 @@ func (a *Agent) OpenAdmin(opts AdminOptions) (*Admin, error) {
 // Backend is the admin backend (for SIGHUP: Backend().Reload).
 func (ad *Admin) Backend() *Backend { return ad.backend }
 
-// Store is the state store (e.g. for the provision intents bucket: DB()).
+// Store is the state store (its buckets: package store's registry).
 func (ad *Admin) Store() *store.Store { return ad.store }
 
 // SocketPath is the admin socket.

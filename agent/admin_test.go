@@ -17,11 +17,11 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
+	"github.com/infermesh/infermesh/store"
 )
 
 func TestSecondAgentRefused(t *testing.T) {

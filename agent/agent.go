@@ -340,7 +340,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer m.SetRevocationSink(nil) // before the store closes
 	}
 	// The audit history survives restarts; saved before the store closes.
-	defer a.persistAudit(ad.Store().DB())()
+	defer a.persistAudit(ad.Store())()
 	a.warnUnservableRoles(ad.Backend())
 
 	// Every role's port and local upstream: a static upstream, a simulated
@@ -380,7 +380,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.upkeepPlacement(runCtx)
 	}()
 
-	prov, err := a.startProvisioning(runCtx, ad.Store().DB())
+	prov, err := a.startProvisioning(runCtx, ad.Store())
 	if err != nil {
 		// Other roles keep serving; the operator sees why instances do not.
 		a.log.Error("provisioning disabled", zap.Error(err))
@@ -414,7 +414,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Node bootstrap (`infermesh node add`): it needs the mesh, where
 		// new nodes join. Its close runs before the admin runtime's, so
 		// adds in flight tear down while the state store is open.
-		nrt, err := a.startNodes(ad.Store().DB(), m)
+		nrt, err := a.startNodes(ad.Store(), m)
 		if err != nil {
 			a.log.Error("node bootstrap disabled", zap.Error(err))
 			a.audit.Record(Event{Kind: "node.disabled", Fields: map[string]string{"why": err.Error()}})
@@ -447,7 +447,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.healMesh(runCtx, m, ad.Store().DB(), joined)
+			a.healMesh(runCtx, m, ad.Store(), joined)
 		}()
 		a.notify("STATUS=joining the mesh")
 		a.awaitFirstJoin(ctx, joined.done)

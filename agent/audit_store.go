@@ -5,18 +5,16 @@ import (
 	"fmt"
 	"time"
 
-	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/store"
 )
 
-// The audit history in the state store: both histories (refusals, the
-// rest), each bounded by auditHistory, saved whole at most every
-// auditSaveInterval while events come and once at stop, and put back
-// before what the next run records.
-var (
-	bucketAudit = []byte("audit.v1")
-	keyAudit    = []byte("history")
-)
+// The audit history in the state store (store.AgentAudit): both histories
+// (refusals, the rest), each bounded by auditHistory, saved whole under
+// keyAudit at most every auditSaveInterval while events come and once at
+// stop, and put back before what the next run records.
+const keyAudit = "history"
 
 // auditSaveInterval bounds how often a flood of events is written.
 const auditSaveInterval = 2 * time.Second
@@ -42,12 +40,16 @@ func (a *Auditor) saved() (savedAudit, uint64) {
 	return savedAudit{Recent: append([]Event(nil), a.recent...), Refused: append([]Event(nil), a.refused...)}, a.version
 }
 
-// persistAudit loads the saved audit history from db and keeps saving it
+// persistAudit loads the saved audit history from st and keeps saving it
 // while events come. The returned stop saves a last time; call it before
-// db closes.
-func (a *Agent) persistAudit(db *bbolt.DB) (stop func()) {
-	var s savedAudit
-	if err := loadJSON(db, bucketAudit, keyAudit, &s); err != nil {
+// st closes.
+func (a *Agent) persistAudit(st *store.Store) (stop func()) {
+	bucket, err := store.OpenBucket[savedAudit](st, store.AgentAudit)
+	if err != nil {
+		a.log.Warn("cannot keep the audit history in the state store", zap.Error(err))
+		return func() {}
+	}
+	if s, _, err := bucket.Get(keyAudit); err != nil {
 		a.log.Warn("cannot load the audit history from the state store; starting without it", zap.Error(err))
 	} else {
 		a.audit.restore(s)
@@ -58,7 +60,7 @@ func (a *Agent) persistAudit(db *bbolt.DB) (stop func()) {
 		if v == last {
 			return
 		}
-		if err := saveJSON(db, bucketAudit, keyAudit, s); err != nil {
+		if err := bucket.Put(keyAudit, s); err != nil {
 			a.log.Warn("cannot save the audit history", zap.Error(fmt.Errorf("state store: %w", err)))
 			return
 		}

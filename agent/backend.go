@@ -13,10 +13,10 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/provision"
+	"github.com/infermesh/infermesh/store"
 )
 
 // The admin backend answers the admin socket (package admin serves it),

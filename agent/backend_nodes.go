@@ -19,12 +19,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision/node"
+	"github.com/infermesh/infermesh/store"
 )
 
 var _ admin.NodeBackend = (*Backend)(nil)

@@ -12,10 +12,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/store"
 )
 
 // applyLocked makes the placement table (and the mesh's run-time

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/internal/testnet"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
+	"github.com/infermesh/infermesh/store"
 )
 
 type admitAll struct{}

@@ -26,8 +26,9 @@
 //	                  `reload` tag), typed changes, and the config in force when some wait
 //	reload.go         the parts that apply a reload's changes of their class: trust, roles, instances
 //
-// Sub-packages: admin (the socket's HTTP API, server and client), store
-// (the bbolt state store and its override precedence), metrics (Prometheus).
+// Sub-packages: admin (the socket's HTTP API, server and client), metrics
+// (Prometheus). The state store is package store, below every package that
+// keeps records in it; the agent opens it and hands each part its bucket.
 //
 // Dev mode (infermeshd -dev) is one node without a mesh whose roles are
 // served by an in-process model the caller supplies (Options.DevModel);

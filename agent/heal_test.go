@@ -94,7 +94,11 @@ func TestMeshRejoinsLastKnownPeers(t *testing.T) {
 	// rejoin interval).
 	for _, name := range []string{"a", "c"} {
 		waitFor(t, name+" saved its peers", func() bool {
-			p, err := peerBook{nodes[name].agent.admin.Store().DB()}.LoadPeers()
+			pb, err := newPeerBook(nodes[name].agent.admin.Store())
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := pb.LoadPeers()
 			return err == nil && len(p) == 2
 		})
 	}

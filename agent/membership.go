@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/store"
 )
 
 // This file connects the agent to its mesh membership (package mesh): the
@@ -132,18 +131,29 @@ func (a *Agent) awaitFirstJoin(ctx context.Context, first <-chan struct{}) {
 
 // healMesh joins the mesh and keeps it whole until ctx ends: it contacts
 // the configured join addresses and the peers last seen (kept in the state
-// store, db) whenever they are not live members, with backoff
+// store, st) whenever they are not live members, with backoff
 // (mesh.Mesh.Heal). A permanent refusal is logged loudly and audited; the
 // node keeps serving its local roles and keeps trying.
-func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, db *bbolt.DB, jw *joinWatch) {
+func (a *Agent) healMesh(ctx context.Context, m *mesh.Mesh, st *store.Store, jw *joinWatch) {
 	var o mesh.HealOptions
 	o.OnFirstRound = func(targets int, joined bool) {
 		if targets == 0 || joined {
 			jw.close() // nobody to join, or joined
 		}
 	}
-	if db != nil {
-		o.Peers, o.Seqs = peerBook{db}, seqBook{db}
+	if st != nil {
+		peers, err := newPeerBook(st)
+		if err != nil {
+			a.log.Error("mesh peers are not kept across restarts", zap.Error(err))
+		} else {
+			o.Peers = peers
+		}
+		seqs, err := newSeqBook(st)
+		if err != nil {
+			a.log.Error("advert sequence numbers are not kept across restarts", zap.Error(err))
+		} else {
+			o.Seqs = seqs
+		}
 	}
 	var joined atomic.Bool
 	o.OnJoin = func(addr string, members int) {
@@ -179,26 +189,32 @@ func (a *Agent) closeMesh(m *mesh.Mesh) {
 	}
 }
 
-// The mesh's buckets in the state store, each one JSON value under one key
-// (small, bounded by the mesh, written whole): the peers the mesh rejoins
-// after a restart, and its advert sequence numbers (its own floor, and the
-// high-water marks and advert sets of every origin heard).
-var (
-	bucketMeshPeers = []byte("mesh_peers.v1")
-	keyMeshPeers    = []byte("known")
-	bucketMeshSeqs  = []byte("mesh_seqs.v1")
-	keyMeshSeqs     = []byte("state")
+// The mesh's buckets in the state store (store.MeshPeers, store.MeshSeqs),
+// each one JSON value under one key (small, bounded by the mesh, written
+// whole): the peers the mesh rejoins after a restart, and its advert
+// sequence numbers (its own floor, and the high-water marks and advert sets
+// of every origin heard).
+const (
+	keyMeshPeers = "known"
+	keyMeshSeqs  = "state"
 )
 
 // peerBook is the mesh's list of last-known peers in the state store.
-type peerBook struct{ db *bbolt.DB }
+type peerBook struct {
+	b *store.Bucket[[]mesh.KnownPeer]
+}
 
 var _ mesh.PeerBook = peerBook{}
 
+func newPeerBook(st *store.Store) (peerBook, error) {
+	b, err := store.OpenBucket[[]mesh.KnownPeer](st, store.MeshPeers)
+	return peerBook{b}, err
+}
+
 // LoadPeers returns the saved peers; none when nothing was saved.
 func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
-	var out []mesh.KnownPeer
-	if err := loadJSON(b.db, bucketMeshPeers, keyMeshPeers, &out); err != nil {
+	out, _, err := b.b.Get(keyMeshPeers)
+	if err != nil {
 		return nil, fmt.Errorf("load mesh peers: %w", err)
 	}
 	return out, nil
@@ -206,21 +222,26 @@ func (b peerBook) LoadPeers() ([]mesh.KnownPeer, error) {
 
 // SavePeers replaces the saved peers.
 func (b peerBook) SavePeers(peers []mesh.KnownPeer) error {
-	if err := saveJSON(b.db, bucketMeshPeers, keyMeshPeers, peers); err != nil {
+	if err := b.b.Put(keyMeshPeers, peers); err != nil {
 		return fmt.Errorf("save mesh peers: %w", err)
 	}
 	return nil
 }
 
 // seqBook is the mesh's advert sequence state in the state store.
-type seqBook struct{ db *bbolt.DB }
+type seqBook struct{ b *store.Bucket[mesh.SeqState] }
 
 var _ mesh.SeqBook = seqBook{}
 
+func newSeqBook(st *store.Store) (seqBook, error) {
+	b, err := store.OpenBucket[mesh.SeqState](st, store.MeshSeqs)
+	return seqBook{b}, err
+}
+
 // LoadSeqs returns the saved state; the zero state when nothing was saved.
 func (b seqBook) LoadSeqs() (mesh.SeqState, error) {
-	var st mesh.SeqState
-	if err := loadJSON(b.db, bucketMeshSeqs, keyMeshSeqs, &st); err != nil {
+	st, _, err := b.b.Get(keyMeshSeqs)
+	if err != nil {
 		return mesh.SeqState{}, fmt.Errorf("load advert sequence numbers: %w", err)
 	}
 	return st, nil
@@ -228,40 +249,10 @@ func (b seqBook) LoadSeqs() (mesh.SeqState, error) {
 
 // SaveSeqs replaces the saved state.
 func (b seqBook) SaveSeqs(st mesh.SeqState) error {
-	if err := saveJSON(b.db, bucketMeshSeqs, keyMeshSeqs, st); err != nil {
+	if err := b.b.Put(keyMeshSeqs, st); err != nil {
 		return fmt.Errorf("save advert sequence numbers: %w", err)
 	}
 	return nil
-}
-
-// loadJSON decodes the value under key in bucket into v; v is left alone
-// when there is none.
-func loadJSON(db *bbolt.DB, bucket, key []byte, v any) error {
-	return db.View(func(tx *bbolt.Tx) error {
-		bk := tx.Bucket(bucket)
-		if bk == nil {
-			return nil
-		}
-		if b := bk.Get(key); b != nil {
-			return json.Unmarshal(b, v)
-		}
-		return nil
-	})
-}
-
-// saveJSON stores v under key in bucket, creating the bucket.
-func saveJSON(db *bbolt.DB, bucket, key []byte, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return db.Update(func(tx *bbolt.Tx) error {
-		bk, err := tx.CreateBucketIfNotExists(bucket)
-		if err != nil {
-			return err
-		}
-		return bk.Put(key, b)
-	})
 }
 
 // UnknownPolicyNodes lists, as warnings, the nodes that roles.<r>.accept_from

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 	"golang.org/x/crypto/ssh"
 
@@ -18,14 +17,12 @@ import (
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"
+	"github.com/infermesh/infermesh/store"
 )
 
 // Node bootstrap wiring: the node manager over this agent's state store,
 // mesh view, Docker engine and SSH key; the admin API's node routes; the
 // audit of every stage.
-
-// nodesBucket is the state-store bucket of node intents.
-const nodesBucket = "node.intents"
 
 // BootstrapKeyFile is the agent's SSH key (in the state dir): hosts that
 // authorize it may be bootstrapped by this agent.
@@ -71,7 +68,7 @@ type nodes struct {
 }
 
 // startNodes builds node bootstrap over the state store and the mesh.
-func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
+func (a *Agent) startNodes(st *store.Store, m *mesh.Mesh) (*nodes, error) {
 	opts := NodeOptions{Image: nodeimage.Tag()}
 	if exe, err := os.Executable(); err == nil {
 		opts.AgentBinary = exe
@@ -95,7 +92,7 @@ func (a *Agent) startNodes(db *bbolt.DB, m *mesh.Mesh) (*nodes, error) {
 	if err != nil {
 		return nil, err
 	}
-	intents, err := node.NewBoltIntents(db, nodesBucket)
+	intents, err := node.NewBoltIntents(st)
 	if err != nil {
 		return nil, err
 	}

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/store"
 )
 
 // fact is one effective policy fact and where it came from.

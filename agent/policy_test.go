@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/store"
 )
 
 // render writes an effective policy as one stable line per fact, e.g.

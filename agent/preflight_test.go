@@ -17,9 +17,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/store"
 )
 
 // certFixture is a node a's state dir with its node key, the authority

@@ -7,18 +7,18 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/agent/metrics"
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/provision"
+	"github.com/infermesh/infermesh/store"
 )
 
 // This file connects the config's managed instances to provisioning
 // (package provision): instance specs from roles, the instance manager of
 // the Docker and native runtimes over the state store's intents bucket
-// (provision.IntentsBucket), and its orphan sweep (package cleanup).
+// (store.ProvisionIntents), and its orphan sweep (package cleanup).
 
 // desiredInstances maps the config's managed roles (docker and native; a
 // simulated instance is served inside the agent) to instance specs.
@@ -93,8 +93,8 @@ type provisioning struct {
 // resource to remove). It returns nil, nil when there is nothing to manage.
 // The Docker daemon need not be reachable: the manager retries with backoff
 // and other roles keep serving.
-func (a *Agent) startProvisioning(ctx context.Context, db *bbolt.DB) (*provisioning, error) {
-	intents, err := provision.NewBoltIntents(db, provision.IntentsBucket)
+func (a *Agent) startProvisioning(ctx context.Context, st *store.Store) (*provisioning, error) {
+	intents, err := provision.NewBoltIntents(st)
 	if err != nil {
 		return nil, err
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
+	"github.com/infermesh/infermesh/store"
 )
 
 // hostilePeer is a QUIC client of its own, built on quic-go rather than on

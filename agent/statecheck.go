@@ -9,12 +9,12 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/store"
 )
 
 // This file holds what the agent checks of its state dir before it starts:
-// a state store that never lies (agent/store refuses a damaged one; here
+// a state store that never lies (package store refuses a damaged one; here
 // its notes are logged and audited) and a node key that is not silently
 // replaced.
 

@@ -7,9 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"go.etcd.io/bbolt"
-
-	"github.com/infermesh/infermesh/agent/store"
+	"github.com/infermesh/infermesh/store"
 )
 
 // ErrSiteRunning: the site's agent runs on this host (it holds the state
@@ -45,8 +43,8 @@ func LockStore(stateDir string, timeout time.Duration, create bool) (*StoreLock,
 	return &StoreLock{st: st}, nil
 }
 
-// DB is the locked state database, for the runtimes' buckets.
-func (l *StoreLock) DB() *bbolt.DB { return l.st.DB() }
+// Store is the locked state store, for the runtimes' buckets.
+func (l *StoreLock) Store() *store.Store { return l.st }
 
 // Path is the state store file.
 func (l *StoreLock) Path() string { return l.st.Path() }

@@ -21,7 +21,6 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
-	"go.etcd.io/bbolt"
 
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/internal/testnet"
@@ -624,21 +623,22 @@ func TestResetDeleteLeave(t *testing.T) {
 	}
 	aCache, bCache, otherCache := cache(f.site, "a"), cache(f.site, "b"), cache("othersite", "a")
 	putIntents := func() {
-		in, err := provision.NewBoltIntents(f.lock.DB(), provision.IntentsBucket)
+		in, err := provision.NewBoltIntents(f.lock.Store())
 		if err != nil {
 			t.Fatal(err)
 		}
 		in.PutIntent("infermesh-x-a-chat-1", provision.ProvisionSpec{AttemptID: 1, Role: "chat", Image: "x"})
 	}
 	intents := func() int {
-		n := 0
-		f.lock.DB().View(func(tx *bbolt.Tx) error {
-			if b := tx.Bucket([]byte(provision.IntentsBucket)); b != nil {
-				n = b.Stats().KeyN
-			}
-			return nil
-		})
-		return n
+		in, err := provision.NewBoltIntents(f.lock.Store())
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := in.Intents()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(all)
 	}
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	s := f.siteOf(cleanup.Docker, cleanup.Native)

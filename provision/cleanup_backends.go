@@ -27,9 +27,6 @@ import (
 	"github.com/infermesh/infermesh/placement"
 )
 
-// IntentsBucket is the state-store bucket of the instance intents.
-const IntentsBucket = "provision.intents"
-
 // HelperAPI is what removing root-owned site data needs of the engine
 // beyond DockerAPI: importing the helper image and removing it again.
 // *DockerClient satisfies it.
@@ -147,7 +144,7 @@ func (b *SiteCleanups) RemoveWorkloadCaches(ctx context.Context, site, node stri
 
 // ForgetIntents implements cleanup.Backends: every intent in the store.
 func (b *SiteCleanups) ForgetIntents(lock *cleanup.StoreLock) (int, error) {
-	intents, err := NewBoltIntents(lock.DB(), IntentsBucket)
+	intents, err := NewBoltIntents(lock.Store())
 	if err != nil {
 		return 0, err
 	}

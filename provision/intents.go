@@ -1,11 +1,10 @@
 package provision
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 
-	"go.etcd.io/bbolt"
+	"github.com/infermesh/infermesh/store"
 )
 
 // IntentStore persists provision specs (durable intent) keyed by provider
@@ -19,34 +18,24 @@ type IntentStore interface {
 	Intents() (map[string]ProvisionSpec, error)
 }
 
-// BoltIntents is an IntentStore in one bucket of a bbolt database the caller
-// owns (and closes): keys are provider refs, values ProvisionSpec JSON.
-// Values written by earlier releases stay readable (ProvisionSpec's
-// UnmarshalJSON).
+// BoltIntents is an IntentStore in the state store's bucket of instance
+// intents (store.ProvisionIntents): keys are provider refs, values
+// ProvisionSpec JSON. Values written by earlier releases stay readable
+// (ProvisionSpec's UnmarshalJSON). The caller owns the store (and closes
+// it).
 type BoltIntents struct {
-	db     *bbolt.DB
-	bucket []byte
+	b *store.Bucket[ProvisionSpec]
 }
 
 var _ IntentStore = (*BoltIntents)(nil)
 
-// NewBoltIntents returns an IntentStore in bucket of db, creating the bucket.
-func NewBoltIntents(db *bbolt.DB, bucket string) (*BoltIntents, error) {
-	if db == nil {
-		return nil, errors.New("bolt intents: db is nil")
-	}
-	if bucket == "" {
-		return nil, errors.New("bolt intents: bucket is empty")
-	}
-	b := &BoltIntents{db: db, bucket: []byte(bucket)}
-	err := db.Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(b.bucket)
-		return err
-	})
+// NewBoltIntents returns the IntentStore in st.
+func NewBoltIntents(st *store.Store) (*BoltIntents, error) {
+	b, err := store.OpenBucket[ProvisionSpec](st, store.ProvisionIntents)
 	if err != nil {
-		return nil, fmt.Errorf("bolt intents: create bucket %q: %w", bucket, err)
+		return nil, fmt.Errorf("instance intents: %w", err)
 	}
-	return b, nil
+	return &BoltIntents{b: b}, nil
 }
 
 // PutIntent stores spec under ref, replacing any previous intent.
@@ -54,14 +43,7 @@ func (b *BoltIntents) PutIntent(ref string, spec ProvisionSpec) error {
 	if ref == "" {
 		return errors.New("put intent: empty ref")
 	}
-	v, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("put intent %s: %w", ref, err)
-	}
-	err = b.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).Put([]byte(ref), v)
-	})
-	if err != nil {
+	if err := b.b.Put(ref, spec); err != nil {
 		return fmt.Errorf("put intent %s: %w", ref, err)
 	}
 	return nil
@@ -69,10 +51,7 @@ func (b *BoltIntents) PutIntent(ref string, spec ProvisionSpec) error {
 
 // DeleteIntent removes the intent for ref; a missing intent is not an error.
 func (b *BoltIntents) DeleteIntent(ref string) error {
-	err := b.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).Delete([]byte(ref))
-	})
-	if err != nil {
+	if err := b.b.Delete(ref); err != nil {
 		return fmt.Errorf("delete intent %s: %w", ref, err)
 	}
 	return nil
@@ -81,15 +60,9 @@ func (b *BoltIntents) DeleteIntent(ref string) error {
 // Intents returns every stored intent by ref.
 func (b *BoltIntents) Intents() (map[string]ProvisionSpec, error) {
 	out := make(map[string]ProvisionSpec)
-	err := b.db.View(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).ForEach(func(k, v []byte) error {
-			var s ProvisionSpec
-			if err := json.Unmarshal(v, &s); err != nil {
-				return fmt.Errorf("intent %s: %w", k, err)
-			}
-			out[string(k)] = s
-			return nil
-		})
+	err := b.b.ForEach(func(ref string, s ProvisionSpec) error {
+		out[ref] = s
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list intents: %w", err)

@@ -23,15 +23,16 @@ import (
 
 	"github.com/infermesh/infermesh/cleanup"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/store"
 )
 
-// mgrRun is a running Manager over a bbolt intent store (bucket
-// "provision") and a real placement table, recording its events: one
+// mgrRun is a running Manager over the intents of a real state store and
+// a real placement table, recording its events: one
 // agent's worth of provisioning, whatever its providers.
 type mgrRun struct {
 	t       *testing.T
 	dbPath  string
-	db      *bbolt.DB
+	st      *store.Store
 	intents *BoltIntents
 	table   *placement.Table
 	m       *Manager
@@ -65,12 +66,12 @@ func startManager(t *testing.T, dbPath string, providers map[string]InstanceProv
 	if r.dbPath == "" {
 		r.dbPath = filepath.Join(t.TempDir(), "state.db")
 	}
-	db, err := bbolt.Open(r.dbPath, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	st, err := store.Open(r.dbPath, store.Options{LockTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.db = db
-	if r.intents, err = NewBoltIntents(db, "provision"); err != nil {
+	r.st = st
+	if r.intents, err = NewBoltIntents(st); err != nil {
 		t.Fatal(err)
 	}
 	if r.table, err = placement.New(placement.Config{NodeID: "n1"}); err != nil {
@@ -117,7 +118,7 @@ func (r *mgrRun) stopThen(then func()) {
 		then()
 	}
 	r.closeP()
-	r.db.Close()
+	r.st.Close()
 }
 
 func (r *mgrRun) apply(desired map[string]InstanceSpec) {
@@ -531,20 +532,22 @@ func TestManagerRecoversFromCrashBetweenIntentAndCreate(t *testing.T) {
 	// The previous agent, of the previous release, wrote intents and died
 	// before creating anything: one for a role still configured, one for a
 	// role since removed. They are in that release's shape ("node_id",
-	// "stage_index").
+	// "stage_index"), in its bucket (provision.intents) of a file without
+	// a policy mirror.
 	{
 		db, err := bbolt.Open(dbPath, 0o600, nil)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := NewBoltIntents(db, "provision"); err != nil {
 			t.Fatal(err)
 		}
 		p := newTestProvider(t, testClient(t), site, "n1")
 		for role, spec := range map[string]InstanceSpec{"chat": cloneInstanceSpec(instanceSpec("m-chat")), "gone": cloneInstanceSpec(instanceSpec("m-gone"))} {
 			ps := spec.provisionSpec(role, 4)
 			err := db.Update(func(tx *bbolt.Tx) error {
-				return tx.Bucket([]byte("provision")).Put([]byte(p.ProviderRef(ps)), previousReleaseIntent(t, ps))
+				b, err := tx.CreateBucketIfNotExists([]byte("provision.intents"))
+				if err != nil {
+					return err
+				}
+				return b.Put([]byte(p.ProviderRef(ps)), previousReleaseIntent(t, ps))
 			})
 			if err != nil {
 				t.Fatal(err)

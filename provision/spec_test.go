@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/infermesh/infermesh/store"
 )
 
 func TestSpecJSONRoundTripKeepsReadOnlyIntent(t *testing.T) {
@@ -235,18 +237,33 @@ func TestProviderDefaults(t *testing.T) {
 
 func TestBoltIntentsDurable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	open := func() (*bbolt.DB, *BoltIntents) {
+	open := func() (*store.Store, *BoltIntents) {
+		st, err := store.Open(path, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, err := NewBoltIntents(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, in
+	}
+	// rawPut writes a value as another release would have, the store
+	// closed.
+	rawPut := func(key, value string) {
+		t.Helper()
 		db, err := bbolt.Open(path, 0o600, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		in, err := NewBoltIntents(db, "provision")
-		if err != nil {
+		defer db.Close()
+		if err := db.Update(func(tx *bbolt.Tx) error {
+			return tx.Bucket([]byte(store.ProvisionIntents.Name())).Put([]byte(key), []byte(value))
+		}); err != nil {
 			t.Fatal(err)
 		}
-		return db, in
 	}
-	db, in := open()
+	st, in := open()
 	a, b := demoSpec("a", 1), demoSpec("b", 2)
 	if err := in.PutIntent("ref-a", a); err != nil {
 		t.Fatal(err)
@@ -260,10 +277,9 @@ func TestBoltIntentsDurable(t *testing.T) {
 	if err := in.DeleteIntent("never-there"); err != nil {
 		t.Errorf("DeleteIntent(missing) = %v, want nil", err)
 	}
-	db.Close()
+	st.Close()
 
-	db, in = open()
-	defer db.Close()
+	st, in = open()
 	got, err := in.Intents()
 	if err != nil {
 		t.Fatal(err)
@@ -271,12 +287,10 @@ func TestBoltIntentsDurable(t *testing.T) {
 	if want := map[string]ProvisionSpec{"ref-a": a}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Intents after reopen = %+v, want %+v", got, want)
 	}
+	st.Close()
 	// An intent the previous release wrote is read, its instance id included.
-	if err := db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket([]byte("provision")).Put([]byte("ref-old"), []byte(legacyIntentFull))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	rawPut("ref-old", legacyIntentFull)
+	st, in = open()
 	got, err = in.Intents()
 	if err != nil {
 		t.Fatal(err)
@@ -287,17 +301,15 @@ func TestBoltIntentsDurable(t *testing.T) {
 	if err := in.DeleteIntent("ref-old"); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bbolt.Tx) error { return tx.Bucket([]byte("provision")).Put([]byte("bad"), []byte("{")) }); err != nil {
-		t.Fatal(err)
-	}
+	st.Close()
+	rawPut("bad", "{")
+	st, in = open()
+	defer st.Close()
 	if _, err := in.Intents(); err == nil || !strings.Contains(err.Error(), "bad") {
 		t.Errorf("Intents with a corrupt entry = %v, want an error naming it", err)
 	}
-	if _, err := NewBoltIntents(nil, "x"); err == nil {
+	if _, err := NewBoltIntents(nil); err == nil {
 		t.Errorf("NewBoltIntents(nil) succeeded")
-	}
-	if _, err := NewBoltIntents(db, ""); err == nil {
-		t.Errorf("NewBoltIntents(empty bucket) succeeded")
 	}
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"
+	"github.com/infermesh/infermesh/store"
 )
 
 // The stages of a successful docker add, in order.
@@ -493,7 +494,7 @@ func TestNodeAddAgentKilled(t *testing.T) {
 		}
 		defer db.Close()
 		return db.View(func(tx *bbolt.Tx) error {
-			b := tx.Bucket([]byte("node.intents"))
+			b := tx.Bucket([]byte(store.NodeIntents.Name()))
 			if b == nil || b.Get([]byte("k1")) == nil {
 				t.Fatal("no intent of k1 in the crashed agent's state store")
 			}

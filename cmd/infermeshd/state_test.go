@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/agent/store"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/store"
 )
 
 // startAgent runs infermeshd with args until its log says it is ready; it

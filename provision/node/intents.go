@@ -1,70 +1,49 @@
 package node
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
-	"go.etcd.io/bbolt"
+	"github.com/infermesh/infermesh/store"
 )
 
-// BoltIntents is an IntentStore in one bucket of a bbolt database the
-// caller owns (the agent's state store).
+// BoltIntents is an IntentStore in the state store's bucket of node
+// bootstrap records (store.NodeIntents), keyed by node name. The caller
+// owns the store (the agent's).
 type BoltIntents struct {
-	db     *bbolt.DB
-	bucket []byte
+	b *store.Bucket[Record]
 }
 
 var _ IntentStore = (*BoltIntents)(nil)
 
-// NewBoltIntents returns the store in bucket of db, creating the bucket.
-func NewBoltIntents(db *bbolt.DB, bucket string) (*BoltIntents, error) {
-	if db == nil || bucket == "" {
-		return nil, errors.New("node intents: no database or bucket")
+// NewBoltIntents returns the IntentStore in st.
+func NewBoltIntents(st *store.Store) (*BoltIntents, error) {
+	b, err := store.OpenBucket[Record](st, store.NodeIntents)
+	if err != nil {
+		return nil, fmt.Errorf("node intents: %w", err)
 	}
-	b := &BoltIntents{db: db, bucket: []byte(bucket)}
-	if err := db.Update(func(tx *bbolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(b.bucket)
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("node intents: create bucket %q: %w", bucket, err)
-	}
-	return b, nil
+	return &BoltIntents{b: b}, nil
 }
 
-// Put stores rec under its node name (durably: bbolt syncs each update).
+// Put stores rec under its node name (durably: the store syncs each
+// update).
 func (b *BoltIntents) Put(rec Record) error {
-	v, err := json.Marshal(rec)
-	if err != nil {
+	if err := b.b.Put(rec.Spec.Name, rec); err != nil {
 		return fmt.Errorf("node intent %s: %w", rec.Spec.Name, err)
 	}
-	return b.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).Put([]byte(rec.Spec.Name), v)
-	})
+	return nil
 }
 
 // Delete removes name's record; a missing one is not an error.
 func (b *BoltIntents) Delete(name string) error {
-	return b.db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).Delete([]byte(name))
-	})
+	return b.b.Delete(name)
 }
 
-// List returns every record, sorted by node name.
+// List returns every record, sorted by node name (the bucket's key order).
 func (b *BoltIntents) List() ([]Record, error) {
 	var out []Record
-	err := b.db.View(func(tx *bbolt.Tx) error {
-		return tx.Bucket(b.bucket).ForEach(func(k, v []byte) error {
-			var r Record
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("node intent %s: %w", k, err)
-			}
-			out = append(out, r)
-			return nil
-		})
+	err := b.b.ForEach(func(_ string, r Record) error {
+		out = append(out, r)
+		return nil
 	})
-	slices.SortFunc(out, func(a, b Record) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
 	return out, err
 }

@@ -1,7 +1,11 @@
-// Package store is the agent's embedded state store: one bbolt database in
-// the state dir (state.db) holding the run-time policy overrides operators
-// make through the admin socket, so that they survive a restart. Other
-// packages keep their own buckets in the same database (DB).
+// Package store is the state store: one bbolt database in the state dir
+// (state.db) and its policy mirror. It owns the file, its lock, the checks
+// of a damaged one and the mirror, and every bucket in it (buckets.go): the
+// run-time policy overrides operators make through the admin socket, so
+// that they survive a restart, and the records of the packages above it
+// (the mesh's peers and sequence numbers, the agent's audit history, the
+// instance and node intents), each reached through a typed handle on its
+// own bucket (Bucket). It imports nothing of ours.
 //
 // # Precedence
 //
@@ -170,8 +174,6 @@ type Options struct {
 	Reset bool
 }
 
-var bucketOverrides = []byte("policy_overrides.v1")
-
 // Store is the state database. Its methods are safe for concurrent use;
 // writes are durable (fsynced) when they return, in the database and in
 // the policy mirror (mirror.go).
@@ -237,7 +239,7 @@ func open(path string, opts Options) (*Store, error) {
 	}
 	err = guard(path, func() error {
 		return db.Update(func(tx *bbolt.Tx) error {
-			if _, err := tx.CreateBucketIfNotExists(bucketOverrides); err != nil {
+			if err := migrate(tx); err != nil {
 				return err
 			}
 			note, err := s.reconcile(tx, m, haveMirror)
@@ -364,10 +366,6 @@ func (s *Store) MirrorPath() string { return s.mirror }
 // Path is the database file.
 func (s *Store) Path() string { return s.path }
 
-// DB is the underlying database, for other packages' buckets (e.g. the
-// provision intents). The Store owns it: do not close it.
-func (s *Store) DB() *bbolt.DB { return s.db }
-
 // Close closes the database. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.db.Close() })
@@ -393,7 +391,7 @@ func (s *Store) Put(o Override) (prev Override, ok bool, err error) {
 	}
 	k := o.Key().bytes()
 	err = s.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketOverrides)
+		b := tx.Bucket(bucketOverrides.key())
 		if old := b.Get(k); old != nil {
 			if err := json.Unmarshal(old, &prev); err != nil {
 				return fmt.Errorf("override %q: %w", k, err)
@@ -419,7 +417,7 @@ func (s *Store) Delete(k Key) (prev Override, ok bool, err error) {
 	}
 	kb := k.bytes()
 	err = s.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketOverrides)
+		b := tx.Bucket(bucketOverrides.key())
 		old := b.Get(kb)
 		if old == nil {
 			return nil
@@ -447,7 +445,7 @@ func (s *Store) Overrides() ([]Override, error) {
 func (s *Store) list(f Filter) ([]Override, error) {
 	var out []Override
 	err := s.db.View(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketOverrides).ForEach(func(k, v []byte) error {
+		return tx.Bucket(bucketOverrides.key()).ForEach(func(k, v []byte) error {
 			var o Override
 			if err := json.Unmarshal(v, &o); err != nil {
 				return fmt.Errorf("override %q: %w", k, err)
@@ -470,7 +468,7 @@ func (s *Store) list(f Filter) ([]Override, error) {
 func (s *Store) Reset(f Filter) ([]Override, error) {
 	var gone []Override
 	err := s.db.Update(func(tx *bbolt.Tx) error {
-		b := tx.Bucket(bucketOverrides)
+		b := tx.Bucket(bucketOverrides.key())
 		var keys [][]byte
 		err := b.ForEach(func(k, v []byte) error {
 			var o Override

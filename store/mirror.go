@@ -27,10 +27,7 @@ import (
 // MirrorFileName is the policy mirror in the state dir.
 const MirrorFileName = "policy-mirror.json"
 
-var (
-	bucketMeta    = []byte("store_meta.v1")
-	keyGeneration = []byte("policy_generation")
-)
+var keyGeneration = []byte("policy_generation")
 
 // ErrMissing: the state store existed (its mirror is there) and is gone or
 // empty.
@@ -135,7 +132,7 @@ func writeMirror(path string, m mirror) error {
 }
 
 func txGeneration(tx *bbolt.Tx) uint64 {
-	b := tx.Bucket(bucketMeta)
+	b := tx.Bucket(bucketMeta.key())
 	if b == nil {
 		return 0
 	}
@@ -145,7 +142,7 @@ func txGeneration(tx *bbolt.Tx) uint64 {
 
 func txOverrides(tx *bbolt.Tx) ([]Override, error) {
 	var out []Override
-	err := tx.Bucket(bucketOverrides).ForEach(func(k, v []byte) error {
+	err := tx.Bucket(bucketOverrides.key()).ForEach(func(k, v []byte) error {
 		var o Override
 		if err := json.Unmarshal(v, &o); err != nil {
 			return fmt.Errorf("override %q: %w", k, err)
@@ -162,7 +159,7 @@ func txOverrides(tx *bbolt.Tx) ([]Override, error) {
 // bbolt commits. A mirror that cannot be written fails the change.
 func (s *Store) commitMirror(tx *bbolt.Tx) error {
 	gen := txGeneration(tx) + 1
-	b, err := tx.CreateBucketIfNotExists(bucketMeta)
+	b, err := tx.CreateBucketIfNotExists(bucketMeta.key())
 	if err != nil {
 		return err
 	}
@@ -228,10 +225,10 @@ func normalized(os []Override) []Override {
 
 // replaceOverrides makes the database's overrides and generation m's.
 func replaceOverrides(tx *bbolt.Tx, m mirror) error {
-	if err := tx.DeleteBucket(bucketOverrides); err != nil {
+	if err := tx.DeleteBucket(bucketOverrides.key()); err != nil {
 		return err
 	}
-	b, err := tx.CreateBucket(bucketOverrides)
+	b, err := tx.CreateBucket(bucketOverrides.key())
 	if err != nil {
 		return err
 	}
@@ -244,7 +241,7 @@ func replaceOverrides(tx *bbolt.Tx, m mirror) error {
 			return err
 		}
 	}
-	mb, err := tx.CreateBucketIfNotExists(bucketMeta)
+	mb, err := tx.CreateBucketIfNotExists(bucketMeta.key())
 	if err != nil {
 		return err
 	}
