@@ -153,18 +153,31 @@ func (p *DockerProvider) waitExit(ctx context.Context, ref, id, key string, spec
 // The engine's state is only trusted while it still describes that run.
 func (p *DockerProvider) observeEnd(ctx context.Context, ref, id, key string, spec ProvisionSpec, sink Sink, status int) {
 	o := Observation{Kind: ObsExited, RunID: spec.RunID, InstanceID: spec.InstanceID, Ref: ref, Status: &status}
-	info, err := p.inspect(ctx, id)
-	if ctx.Err() != nil {
-		return // forgotten meanwhile
-	}
-	if err == nil && info.State != nil && runKey(info) == key {
-		if why := runFailure(info.State); why != "" {
-			o.Kind, o.Reason = ObsFailed, why
+	for attempt := 0; ; attempt++ {
+		info, err := p.inspect(ctx, id)
+		if ctx.Err() != nil {
+			return // forgotten meanwhile
+		}
+		if err == nil && info.State != nil && runKey(info) == key {
+			if why := runFailure(info.State); why != "" {
+				o.Kind, o.Reason = ObsFailed, why
+				break
+			}
+		}
+		// The engine records an OOM kill from its own event, which can
+		// come after the exit the wait returned: a SIGKILL (137) is
+		// looked at again for a moment before it counts as an exit.
+		if status != 137 || attempt == oomRecheck || !ctxwait.Sleep(ctx, 100*time.Millisecond) {
+			break
 		}
 	}
 	o.Time = time.Now()
 	sink.Observe(o)
 }
+
+// oomRecheck is how many more times a run killed by SIGKILL is inspected
+// for the engine's OOM flag (100 ms apart).
+const oomRecheck = 10
 
 // runKey names one run of a container: a run is watched once.
 func runKey(info container.InspectResponse) string {
