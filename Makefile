@@ -24,7 +24,7 @@ demo-image: build
 		| docker build -q -t $(DEMO_IMAGE) -f - $(BIN)
 
 ## install: the binaries in $(PREFIX)/bin, the systemd unit, the user it runs as (sysusers.d), the
-## sysctl drop-in, and the reference config unless one exists; then see README "Installing on a host".
+## sysctl drop-in, and the reference config unless one exists; then see docs/operations.md, "Installing on a host".
 ## DESTDIR stages the files elsewhere and leaves the user to the target (systemd-sysusers there)
 PREFIX ?= /usr/local
 install: build

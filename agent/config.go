@@ -26,7 +26,7 @@ import (
 
 // Config is the agent's configuration file (YAML). Decoding is strict: an
 // unknown key is an error naming the key and its line. See configs/ for
-// annotated examples and the README for the reference. Every field's
+// annotated examples and docs/configuration.md for the reference. Every field's
 // `reload` tag says how a reload applies a change of it (configdiff.go).
 type Config struct {
 	Node  NodeConfig            `yaml:"node"`

@@ -347,7 +347,7 @@ roles:
 }
 
 // TestSimulatedInstanceWithoutModel: `instance: {runtime: simulated}` with
-// no model, as the README shows it, serves every name the role port lists
+// no model, as docs/operations.md shows it, serves every name the role port lists
 // in /v1/models, and the demo model's own name: the role's model and the
 // simulated instance's are the same ("demo").
 func TestSimulatedInstanceWithoutModel(t *testing.T) {

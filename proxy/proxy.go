@@ -1,7 +1,3 @@
-// Package proxy serves the loopback OpenAI-compatible endpoints apps talk to,
-// forwards each request to the candidate placement resolves for its role (the
-// local instance, else an admitted peer over the mesh transport), and serves
-// requests forwarded by peers from the local instance only.
 package proxy
 
 import (
