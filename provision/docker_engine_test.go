@@ -241,9 +241,9 @@ func TestEngineCreateRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := p.CreateInstanceSelected(context.Background(), tt.spec, Discard, tt.offer)
+			_, err := CreateSelected(context.Background(), p, tt.spec, Discard, tt.offer)
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("CreateInstanceSelected error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("CreateSelected error = %v, want %v", err, tt.wantErr)
 			}
 			if _, err := cli.ContainerInspect(context.Background(), p.ProviderRef(tt.spec)); err == nil {
 				t.Errorf("container %s exists after a refused create", p.ProviderRef(tt.spec))
