@@ -119,34 +119,32 @@ type AdoptedInstance struct {
 	Running bool
 }
 
-// ErrOfferUnsupported is returned by CreateInstanceSelected when the
-// provider cannot honour an exact offer selection. Providers never
-// substitute.
+// ErrOfferUnsupported is returned by CreateSelected when the provider
+// cannot honour an exact offer selection. Providers never substitute.
 var ErrOfferUnsupported = errors.New("provider does not support exact offer selection")
 
 // ErrNotFound is returned when a handle's resource no longer exists.
 var ErrNotFound = errors.New("provider resource not found")
 
 // Provider acquires, adopts and releases the resources of concrete instance
-// attempts: the runtime side of an instance (a container, a process). A
-// provider is safe for concurrent use across different instances; calls for
-// the same instance are serialized by the caller. Methods do blocking I/O
-// and honour ctx. Sinks passed in keep receiving observations for the
-// instance until it is stopped or the provider is closed.
+// attempts: the runtime side of an instance (a container, a process). It
+// has the calls the Manager makes; what only some providers can do is a
+// small interface of its own (OfferSelector, RefLister, InstanceStopper,
+// ImageEnsurer), found by a type assertion. A provider is safe for
+// concurrent use across different instances; calls for the same instance
+// are serialized by the caller. Methods do blocking I/O and honour ctx.
+// Sinks passed in keep receiving observations for the instance until it is
+// stopped or the provider is closed.
 //
 // An instance's life through a provider: CreateInstance (or AdoptBySpec,
 // or PrepareBySpec after a crash), StartInstance, MarkLive once it
 // answers; HaltInstance and StartInstance again to restart it in place;
-// StopInstance or StopBySpec to release it.
+// StopBySpec (or InstanceStopper's StopInstance) to release it.
 type Provider interface {
 	// CreateInstance acquires (or adopts an identical existing) resource
 	// for spec, without starting it. Callers persist spec as durable intent
 	// before calling.
 	CreateInstance(ctx context.Context, spec ProvisionSpec, sink Sink) (InstanceHandle, error)
-	// CreateInstanceSelected creates exactly the selected offer, or fails
-	// (ErrOfferUnsupported) without substituting another. A nil offer
-	// means CreateInstance.
-	CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error)
 	// StartInstance starts (or resumes) the instance's process on its
 	// created resource.
 	StartInstance(ctx context.Context, h InstanceHandle) error
@@ -156,9 +154,6 @@ type Provider interface {
 	// MarkLive tells the provider the instance is live: it answered its
 	// readiness probe and serves.
 	MarkLive(ctx context.Context, h InstanceHandle) error
-	// StopInstance stops and releases the resource. Already gone is
-	// success.
-	StopInstance(ctx context.Context, h InstanceHandle) error
 	// AdoptBySpec finds the resource for spec and resumes observing it.
 	// ok is false when nothing matching exists.
 	AdoptBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (a AdoptedInstance, ok bool, err error)
@@ -169,28 +164,61 @@ type Provider interface {
 	// ProviderRef is the stable provider-side address for spec, derivable
 	// without provider state.
 	ProviderRef(spec ProvisionSpec) string
-	// ListManagedRefs lists resources carrying this agent's ownership labels
-	// (orphan detection). Providers without a label sweep return nil.
-	ListManagedRefs(ctx context.Context) ([]string, error)
 	// StopBySpec stops the resource addressed by spec. It returns false when
 	// nothing matching exists: already stopped is success.
 	StopBySpec(ctx context.Context, spec ProvisionSpec, sink Sink) (bool, error)
+}
+
+// OfferSelector is implemented by providers that can create an exact
+// offer (a rented machine, say). Neither the Docker nor the native
+// provider has offers: CreateSelected refuses any for them.
+type OfferSelector interface {
+	// CreateInstanceSelected creates exactly the selected offer, or fails
+	// without substituting another. A nil offer means CreateInstance.
+	CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error)
+}
+
+// CreateSelected creates the instance for spec on exactly the selected
+// offer: through p's OfferSelector when it has one; otherwise a nil offer
+// is CreateInstance and any other is ErrOfferUnsupported, naming the
+// offer. A selected offer is authoritative: it is never substituted.
+func CreateSelected(ctx context.Context, p Provider, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
+	if os, ok := p.(OfferSelector); ok {
+		return os.CreateInstanceSelected(ctx, spec, sink, offer)
+	}
+	if offer != nil {
+		return InstanceHandle{}, fmt.Errorf("%w %d", ErrOfferUnsupported, *offer)
+	}
+	return p.CreateInstance(ctx, spec, sink)
+}
+
+// RefLister is implemented by providers that can list the resources
+// carrying this agent's ownership labels (orphan detection). The agent's
+// sweep itself goes through the runtimes' cleanup backends (SiteCleanups).
+type RefLister interface {
+	ListManagedRefs(ctx context.Context) ([]string, error)
+}
+
+// ManagedRefs lists p's resources through its RefLister; a provider
+// without a label sweep lists nothing (nil, nil).
+func ManagedRefs(ctx context.Context, p Provider) ([]string, error) {
+	if rl, ok := p.(RefLister); ok {
+		return rl.ListManagedRefs(ctx)
+	}
+	return nil, nil
+}
+
+// InstanceStopper is implemented by providers that can release a resource
+// by its handle. Already gone is success. The Manager stops by spec
+// (StopBySpec), which needs no handle.
+type InstanceStopper interface {
+	StopInstance(ctx context.Context, h InstanceHandle) error
 }
 
 // ProviderDefaults carries the reference design's default behaviour for the
 // optional parts of Provider. Embed it and override what the provider
 // supports.
 type ProviderDefaults struct{}
-
-// CreateInstanceSelectedDefault implements the default of
-// CreateInstanceSelected for providers that embed ProviderDefaults: any
-// exact offer is refused.
-func CreateInstanceSelectedDefault(ctx context.Context, p Provider, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
-	if offer != nil {
-		return InstanceHandle{}, fmt.Errorf("%w %d", ErrOfferUnsupported, *offer)
-	}
-	return p.CreateInstance(ctx, spec, sink)
-}
 
 // HaltInstance does nothing.
 func (ProviderDefaults) HaltInstance(context.Context, InstanceHandle) error { return nil }
@@ -209,9 +237,6 @@ func (ProviderDefaults) PrepareBySpec(context.Context, ProvisionSpec, Sink) (Ado
 func (ProviderDefaults) ProviderRef(spec ProvisionSpec) string {
 	return fmt.Sprintf("instance-%d-%d", spec.RunID, spec.InstanceID)
 }
-
-// ListManagedRefs lists nothing: no label sweep.
-func (ProviderDefaults) ListManagedRefs(context.Context) ([]string, error) { return nil, nil }
 
 // StopBySpec finds nothing.
 func (ProviderDefaults) StopBySpec(context.Context, ProvisionSpec, Sink) (bool, error) {

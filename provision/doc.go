@@ -107,18 +107,27 @@
 //	PluginSink                    Sink, SinkFunc
 //	PluginNodeHandle              InstanceHandle
 //	AdoptedNode                   AdoptedInstance
-//	ProvisionPlugin               Provider, defaults in ProviderDefaults
-//	  create_node                 CreateInstance
-//	  create_node_selected        CreateInstanceSelected
-//	  start_bootstrap             StartInstance
-//	  cancel_bootstrap            HaltInstance
-//	  complete_bootstrap          MarkLive
-//	  stop_node                   StopInstance
-//	  adopt_by_spec               AdoptBySpec
-//	  prepare_missing_bootstrap   PrepareBySpec
-//	  provider_ref_for            ProviderRef
-//	  list_managed_refs           ListManagedRefs
-//	  stop_by_spec                StopBySpec
+//	ProvisionPlugin               Provider: the calls the Manager makes;
+//	                              defaults in ProviderDefaults; what only
+//	                              some providers do is a small interface
+//	  create_node                 Provider.CreateInstance
+//	  create_node_selected        CreateSelected: OfferSelector's
+//	                              CreateInstanceSelected, or the default
+//	                              (a nil offer creates, any other is
+//	                              ErrOfferUnsupported, never substituted)
+//	  start_bootstrap             Provider.StartInstance
+//	  cancel_bootstrap            Provider.HaltInstance
+//	  complete_bootstrap          Provider.MarkLive
+//	  stop_node                   InstanceStopper.StopInstance
+//	  adopt_by_spec               Provider.AdoptBySpec
+//	  prepare_missing_bootstrap   Provider.PrepareBySpec
+//	  provider_ref_for            Provider.ProviderRef
+//	  list_managed_refs           ManagedRefs: RefLister's ListManagedRefs,
+//	                              or nothing; the agent's orphan sweep goes
+//	                              through SiteCleanups instead
+//	  stop_by_spec                Provider.StopBySpec
+//	(none)                        ImageEnsurer.EnsureImage: fetch a missing
+//	                              image first (DockerProvider)
 //
 // # Glossary: seed 001, node provisioning
 //

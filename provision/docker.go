@@ -188,7 +188,13 @@ type dockerInstance struct {
 	cancel context.CancelFunc
 }
 
-var _ Provider = (*DockerProvider)(nil)
+// A Docker engine has no offers (no OfferSelector): CreateSelected
+// refuses any exact offer for it.
+var (
+	_ Provider        = (*DockerProvider)(nil)
+	_ RefLister       = (*DockerProvider)(nil)
+	_ InstanceStopper = (*DockerProvider)(nil)
+)
 
 // NewDockerProvider returns a provider over api. Close stops its watchers;
 // the caller closes api.
@@ -388,11 +394,6 @@ func (p *DockerProvider) CreateInstance(ctx context.Context, spec ProvisionSpec,
 			return InstanceHandle{}, err
 		}
 	}
-}
-
-// CreateInstanceSelected refuses any exact offer: a Docker engine has no offers.
-func (p *DockerProvider) CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
-	return CreateInstanceSelectedDefault(ctx, p, spec, sink, offer)
 }
 
 func (p *DockerProvider) register(ref string, spec ProvisionSpec, sink Sink, id string) InstanceHandle {

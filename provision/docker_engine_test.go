@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/infermesh/infermesh/internal/testimage"
 	"io"
 	"net"
 	"net/http"
@@ -240,9 +241,9 @@ func TestEngineCreateRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := p.CreateInstanceSelected(context.Background(), tt.spec, Discard, tt.offer)
+			_, err := CreateSelected(context.Background(), p, tt.spec, Discard, tt.offer)
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("CreateInstanceSelected error = %v, want %v", err, tt.wantErr)
+				t.Fatalf("CreateSelected error = %v, want %v", err, tt.wantErr)
 			}
 			if _, err := cli.ContainerInspect(context.Background(), p.ProviderRef(tt.spec)); err == nil {
 				t.Errorf("container %s exists after a refused create", p.ProviderRef(tt.spec))
@@ -487,7 +488,8 @@ func TestEngineUnreachableDaemon(t *testing.T) {
 // ObsExited. Status says the same.
 func TestEngineRunEndsOOMKillIsAFailure(t *testing.T) {
 	t.Parallel()
-	_, cli, p := engineProvider(t)
+	_, _, p := engineProvider(t)
+	eng := testimage.Engine(t)
 	ctx := context.Background()
 	const limit = 32 << 20 // bytes; the Go runtime alone fits in it
 	tests := []struct {
@@ -515,7 +517,7 @@ func TestEngineRunEndsOOMKillIsAFailure(t *testing.T) {
 				// The provider sets no memory limit: put one on the created
 				// container, as an operator's engine policy could.
 				res := container.Resources{Memory: tt.limit, MemorySwap: tt.limit}
-				if _, err := cli.ContainerUpdate(ctx, h.ResourceID, container.UpdateConfig{Resources: res}); err != nil {
+				if _, err := eng.ContainerUpdate(ctx, h.ResourceID, container.UpdateConfig{Resources: res}); err != nil {
 					t.Fatalf("limit memory: %v", err)
 				}
 			}
@@ -524,7 +526,7 @@ func TestEngineRunEndsOOMKillIsAFailure(t *testing.T) {
 			}
 			if tt.kill {
 				rec.waitFor(t, 30*time.Second, func(o Observation) bool { return o.Kind == ObsStderr || o.Kind == ObsStdout })
-				if err := cli.ContainerKill(ctx, h.ResourceID, "SIGKILL"); err != nil {
+				if err := eng.ContainerKill(ctx, h.ResourceID, "SIGKILL"); err != nil {
 					t.Fatalf("kill: %v", err)
 				}
 			}

@@ -14,14 +14,17 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// DockerClient is the Docker client the agent uses: a *client.Client whose
-// API version negotiation happens once, under a lock, before any call of
-// the DockerAPI. The client's own lazy negotiation writes its version field
-// on whichever request comes first, racing concurrent requests (seen under
-// -race: a sweep's list against an instance's inspect). Until the daemon
-// answers a negotiation, DockerAPI calls fail with ErrDaemonUnreachable.
+// DockerClient is the Docker client the agent uses: the Engine API calls
+// infermesh makes (DockerAPI, ImageAPI, HelperAPI and node bootstrap's),
+// each made after the API version was negotiated once, under a lock. It
+// holds its *client.Client rather than embedding it, so no call can reach
+// the engine around the negotiation: the client's own lazy negotiation
+// writes its version field on whichever request comes first, racing
+// concurrent requests (seen under -race: a sweep's list against an
+// instance's inspect), and it ignores a failed ping. Until the daemon
+// answers a negotiation, every call fails with ErrDaemonUnreachable.
 type DockerClient struct {
-	*client.Client
+	c          *client.Client
 	mu         sync.Mutex
 	negotiated atomic.Bool
 }
@@ -37,7 +40,7 @@ func NewDockerClient(opts ...client.Opt) (*DockerClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
-	return &DockerClient{Client: c}, nil
+	return &DockerClient{c: c}, nil
 }
 
 // negotiate pins the API version the first time the daemon answers.
@@ -50,11 +53,11 @@ func (c *DockerClient) negotiate(ctx context.Context) error {
 	if c.negotiated.Load() {
 		return nil
 	}
-	ping, err := c.Client.Ping(ctx)
+	ping, err := c.c.Ping(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrDaemonUnreachable, c.Client.DaemonHost(), err)
+		return fmt.Errorf("%w: %s: %w", ErrDaemonUnreachable, c.c.DaemonHost(), err)
 	}
-	c.Client.NegotiateAPIVersionPing(ping)
+	c.c.NegotiateAPIVersionPing(ping)
 	c.negotiated.Store(true)
 	return nil
 }
@@ -64,7 +67,7 @@ func (c *DockerClient) ContainerCreate(ctx context.Context, config *container.Co
 	if err := c.negotiate(ctx); err != nil {
 		return container.CreateResponse{}, err
 	}
-	return c.Client.ContainerCreate(ctx, config, hostConfig, networkingConfig, platform, name)
+	return c.c.ContainerCreate(ctx, config, hostConfig, networkingConfig, platform, name)
 }
 
 // ContainerStart implements DockerAPI.
@@ -72,7 +75,7 @@ func (c *DockerClient) ContainerStart(ctx context.Context, id string, options co
 	if err := c.negotiate(ctx); err != nil {
 		return err
 	}
-	return c.Client.ContainerStart(ctx, id, options)
+	return c.c.ContainerStart(ctx, id, options)
 }
 
 // ContainerStop implements DockerAPI.
@@ -80,7 +83,7 @@ func (c *DockerClient) ContainerStop(ctx context.Context, id string, options con
 	if err := c.negotiate(ctx); err != nil {
 		return err
 	}
-	return c.Client.ContainerStop(ctx, id, options)
+	return c.c.ContainerStop(ctx, id, options)
 }
 
 // ContainerRemove implements DockerAPI.
@@ -88,7 +91,7 @@ func (c *DockerClient) ContainerRemove(ctx context.Context, id string, options c
 	if err := c.negotiate(ctx); err != nil {
 		return err
 	}
-	return c.Client.ContainerRemove(ctx, id, options)
+	return c.c.ContainerRemove(ctx, id, options)
 }
 
 // ContainerInspect implements DockerAPI.
@@ -96,7 +99,7 @@ func (c *DockerClient) ContainerInspect(ctx context.Context, id string) (contain
 	if err := c.negotiate(ctx); err != nil {
 		return container.InspectResponse{}, err
 	}
-	return c.Client.ContainerInspect(ctx, id)
+	return c.c.ContainerInspect(ctx, id)
 }
 
 // ContainerList implements DockerAPI.
@@ -104,7 +107,7 @@ func (c *DockerClient) ContainerList(ctx context.Context, options container.List
 	if err := c.negotiate(ctx); err != nil {
 		return nil, err
 	}
-	return c.Client.ContainerList(ctx, options)
+	return c.c.ContainerList(ctx, options)
 }
 
 // ContainerLogs implements DockerAPI.
@@ -112,7 +115,7 @@ func (c *DockerClient) ContainerLogs(ctx context.Context, id string, options con
 	if err := c.negotiate(ctx); err != nil {
 		return nil, err
 	}
-	return c.Client.ContainerLogs(ctx, id, options)
+	return c.c.ContainerLogs(ctx, id, options)
 }
 
 // ContainerWait implements DockerAPI.
@@ -122,7 +125,7 @@ func (c *DockerClient) ContainerWait(ctx context.Context, id string, condition c
 		errc <- err
 		return make(chan container.WaitResponse), errc
 	}
-	return c.Client.ContainerWait(ctx, id, condition)
+	return c.c.ContainerWait(ctx, id, condition)
 }
 
 // ImageRemove implements HelperAPI.
@@ -130,5 +133,19 @@ func (c *DockerClient) ImageRemove(ctx context.Context, ref string, options imag
 	if err := c.negotiate(ctx); err != nil {
 		return nil, err
 	}
-	return c.Client.ImageRemove(ctx, ref, options)
+	return c.c.ImageRemove(ctx, ref, options)
 }
+
+// ImagePull implements ImageAPI.
+func (c *DockerClient) ImagePull(ctx context.Context, ref string, options image.PullOptions) (io.ReadCloser, error) {
+	if err := c.negotiate(ctx); err != nil {
+		return nil, err
+	}
+	return c.c.ImagePull(ctx, ref, options)
+}
+
+// Close releases the client's connections.
+func (c *DockerClient) Close() error { return c.c.Close() }
+
+// DaemonHost is the engine's address (unix:///var/run/docker.sock, ...).
+func (c *DockerClient) DaemonHost() string { return c.c.DaemonHost() }

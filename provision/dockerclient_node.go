@@ -20,7 +20,7 @@ func (c *DockerClient) ImageInspect(ctx context.Context, ref string, opts ...cli
 	if err := c.negotiate(ctx); err != nil {
 		return image.InspectResponse{}, err
 	}
-	return c.Client.ImageInspect(ctx, ref, opts...)
+	return c.c.ImageInspect(ctx, ref, opts...)
 }
 
 // ImageImport wraps the client's call after negotiation.
@@ -28,7 +28,7 @@ func (c *DockerClient) ImageImport(ctx context.Context, source image.ImportSourc
 	if err := c.negotiate(ctx); err != nil {
 		return nil, err
 	}
-	return c.Client.ImageImport(ctx, source, ref, options)
+	return c.c.ImageImport(ctx, source, ref, options)
 }
 
 // CopyToContainer wraps the client's call after negotiation.
@@ -36,7 +36,7 @@ func (c *DockerClient) CopyToContainer(ctx context.Context, id, path string, con
 	if err := c.negotiate(ctx); err != nil {
 		return err
 	}
-	return c.Client.CopyToContainer(ctx, id, path, content, options)
+	return c.c.CopyToContainer(ctx, id, path, content, options)
 }
 
 // ContainerExecCreate wraps the client's call after negotiation.
@@ -44,7 +44,7 @@ func (c *DockerClient) ContainerExecCreate(ctx context.Context, id string, optio
 	if err := c.negotiate(ctx); err != nil {
 		return container.ExecCreateResponse{}, err
 	}
-	return c.Client.ContainerExecCreate(ctx, id, options)
+	return c.c.ContainerExecCreate(ctx, id, options)
 }
 
 // ContainerExecAttach wraps the client's call after negotiation.
@@ -52,7 +52,7 @@ func (c *DockerClient) ContainerExecAttach(ctx context.Context, execID string, c
 	if err := c.negotiate(ctx); err != nil {
 		return types.HijackedResponse{}, err
 	}
-	return c.Client.ContainerExecAttach(ctx, execID, config)
+	return c.c.ContainerExecAttach(ctx, execID, config)
 }
 
 // ContainerExecInspect wraps the client's call after negotiation.
@@ -60,7 +60,7 @@ func (c *DockerClient) ContainerExecInspect(ctx context.Context, execID string) 
 	if err := c.negotiate(ctx); err != nil {
 		return container.ExecInspect{}, err
 	}
-	return c.Client.ContainerExecInspect(ctx, execID)
+	return c.c.ContainerExecInspect(ctx, execID)
 }
 
 // NetworkCreate wraps the client's call after negotiation.
@@ -68,7 +68,7 @@ func (c *DockerClient) NetworkCreate(ctx context.Context, name string, options n
 	if err := c.negotiate(ctx); err != nil {
 		return network.CreateResponse{}, err
 	}
-	return c.Client.NetworkCreate(ctx, name, options)
+	return c.c.NetworkCreate(ctx, name, options)
 }
 
 // NetworkInspect wraps the client's call after negotiation.
@@ -76,7 +76,7 @@ func (c *DockerClient) NetworkInspect(ctx context.Context, id string, options ne
 	if err := c.negotiate(ctx); err != nil {
 		return network.Inspect{}, err
 	}
-	return c.Client.NetworkInspect(ctx, id, options)
+	return c.c.NetworkInspect(ctx, id, options)
 }
 
 // NetworkRemove wraps the client's call after negotiation.
@@ -84,5 +84,5 @@ func (c *DockerClient) NetworkRemove(ctx context.Context, id string) error {
 	if err := c.negotiate(ctx); err != nil {
 		return err
 	}
-	return c.Client.NetworkRemove(ctx, id)
+	return c.c.NetworkRemove(ctx, id)
 }

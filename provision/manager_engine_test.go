@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/infermesh/infermesh/internal/testimage"
 	"io"
 	"net/http"
 	"os"
@@ -262,7 +263,7 @@ func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
 
 	id := st.ContainerID
 	for i := 1; i <= 2; i++ {
-		if err := e.cli.ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
+		if err := testimage.Engine(t).ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
 			t.Fatalf("kill #%d: %v", i, err)
 		}
 		st = e.waitReady("chat", func(s InstanceStatus) bool { return s.Restarts == i })
@@ -280,7 +281,7 @@ func TestManagerServesRestartsWithinPolicyThenGivesUp(t *testing.T) {
 	}
 
 	// A third exit within the window is over the policy: given up.
-	if err := e.cli.ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
+	if err := testimage.Engine(t).ContainerKill(context.Background(), id, "SIGKILL"); err != nil {
 		t.Fatal(err)
 	}
 	st = e.waitInstance("chat", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
@@ -580,14 +581,14 @@ func TestManagerDeregistersWhileUnansweredAndReregisters(t *testing.T) {
 	st := e.waitReady("chat", nil)
 	ctx := context.Background()
 
-	if err := e.cli.ContainerPause(ctx, st.ContainerID); err != nil {
+	if err := testimage.Engine(t).ContainerPause(ctx, st.ContainerID); err != nil {
 		t.Fatal(err)
 	}
 	e.waitInstance("chat", "unhealthy", func(s InstanceStatus, ok bool) bool { return s.State == StateUnhealthy })
 	if _, ok := e.table.LocalBaseForRole("chat"); ok {
 		t.Errorf("unanswering instance still registered")
 	}
-	if err := e.cli.ContainerUnpause(ctx, st.ContainerID); err != nil {
+	if err := testimage.Engine(t).ContainerUnpause(ctx, st.ContainerID); err != nil {
 		t.Fatal(err)
 	}
 	st2 := e.waitReady("chat", nil)

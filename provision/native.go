@@ -157,6 +157,8 @@ func (r *nativeRun) isExited() bool {
 var (
 	_ Provider         = (*NativeProvider)(nil)
 	_ InstanceProvider = (*NativeProvider)(nil)
+	_ RefLister        = (*NativeProvider)(nil)
+	_ InstanceStopper  = (*NativeProvider)(nil)
 )
 
 // NewNativeProvider returns a provider of native instances. Close stops its
@@ -325,11 +327,6 @@ func (p *NativeProvider) CreateInstance(ctx context.Context, spec ProvisionSpec,
 		return InstanceHandle{}, fmt.Errorf("create instance: %w", err)
 	}
 	return p.handle(spec, ref, 0), nil
-}
-
-// CreateInstanceSelected refuses any exact offer: a host has no offers.
-func (p *NativeProvider) CreateInstanceSelected(ctx context.Context, spec ProvisionSpec, sink Sink, offer *uint64) (InstanceHandle, error) {
-	return CreateInstanceSelectedDefault(ctx, p, spec, sink, offer)
 }
 
 // StartInstance starts the instance's process (a no-op while it runs) and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -192,28 +193,49 @@ func (p *minimalProvider) CreateInstance(context.Context, ProvisionSpec, Sink) (
 	p.created++
 	return InstanceHandle{Ref: "x"}, nil
 }
-func (p *minimalProvider) CreateInstanceSelected(ctx context.Context, s ProvisionSpec, k Sink, offer *uint64) (InstanceHandle, error) {
-	return CreateInstanceSelectedDefault(ctx, p, s, k, offer)
-}
 func (p *minimalProvider) StartInstance(context.Context, InstanceHandle) error { return nil }
 func (p *minimalProvider) MarkLive(context.Context, InstanceHandle) error      { return nil }
-func (p *minimalProvider) StopInstance(context.Context, InstanceHandle) error  { return nil }
 
 var _ Provider = (*minimalProvider)(nil)
+
+// offerProvider has offers: it creates exactly the selected one.
+type offerProvider struct {
+	minimalProvider
+	selected []uint64
+}
+
+func (p *offerProvider) CreateInstanceSelected(ctx context.Context, s ProvisionSpec, k Sink, offer *uint64) (InstanceHandle, error) {
+	if offer == nil {
+		return p.CreateInstance(ctx, s, k)
+	}
+	p.selected = append(p.selected, *offer)
+	return InstanceHandle{Ref: fmt.Sprintf("offer-%d", *offer)}, nil
+}
+
+// CreateSelected goes through a provider's OfferSelector: the selected
+// offer is what gets created, never CreateInstance in its place.
+func TestCreateSelectedUsesTheOfferSelector(t *testing.T) {
+	p := &offerProvider{}
+	offer := uint64(7)
+	h, err := CreateSelected(context.Background(), p, ProvisionSpec{AttemptID: 1}, Discard, &offer)
+	if err != nil || h.Ref != "offer-7" || !reflect.DeepEqual(p.selected, []uint64{7}) || p.created != 0 {
+		t.Errorf("CreateSelected(7) = %+v, %v; selected %v, created %d; want offer 7 created exactly", h, err, p.selected, p.created)
+	}
+}
 
 func TestProviderDefaults(t *testing.T) {
 	ctx := context.Background()
 	p := &minimalProvider{}
 	spec := ProvisionSpec{RunID: 17, InstanceID: 23, AttemptID: 1, Image: "i"}
 	offer := uint64(99)
-	if _, err := p.CreateInstanceSelected(ctx, spec, Discard, &offer); !errors.Is(err, ErrOfferUnsupported) || !strings.Contains(err.Error(), "99") {
-		t.Errorf("CreateInstanceSelected(offer) = %v, want ErrOfferUnsupported naming the offer", err)
+	if _, err := CreateSelected(ctx, p, spec, Discard, &offer); !errors.Is(err, ErrOfferUnsupported) || !strings.Contains(err.Error(), "99") {
+		t.Errorf("CreateSelected(offer) = %v, want ErrOfferUnsupported naming the offer", err)
 	}
 	if p.created != 0 {
 		t.Errorf("an exact offer it cannot honour was substituted by CreateInstance")
 	}
-	if _, err := p.CreateInstanceSelected(ctx, spec, Discard, nil); err != nil || p.created != 1 {
-		t.Errorf("CreateInstanceSelected(nil) = %v, created %d, want CreateInstance", err, p.created)
+	if _, err := CreateSelected(ctx, p, spec, Discard, nil); err != nil || p.created != 1 {
+		t.Errorf("CreateSelected(nil) = %v, created %d, want CreateInstance", err, p.created)
 	}
 	if got, want := p.ProviderRef(spec), "instance-17-23"; got != want {
 		t.Errorf("ProviderRef = %q, want %q", got, want)
@@ -224,8 +246,8 @@ func TestProviderDefaults(t *testing.T) {
 	if _, ok, err := p.PrepareBySpec(ctx, spec, Discard); ok || err != nil {
 		t.Errorf("PrepareBySpec = %v, %v", ok, err)
 	}
-	if refs, err := p.ListManagedRefs(ctx); refs != nil || err != nil {
-		t.Errorf("ListManagedRefs = %v, %v", refs, err)
+	if refs, err := ManagedRefs(ctx, p); refs != nil || err != nil {
+		t.Errorf("ManagedRefs = %v, %v", refs, err)
 	}
 	if found, err := p.StopBySpec(ctx, spec, Discard); found || err != nil {
 		t.Errorf("StopBySpec = %v, %v, want false, nil", found, err)

@@ -275,7 +275,7 @@ func TestSiteDeleteRootOwnedData(t *testing.T) {
 	}
 	defer cli.Close()
 	list, _ := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", provision.LabelSite+"="+e.site))})
-	imgs, _ := cli.ImageList(context.Background(), image.ListOptions{Filters: filters.NewArgs(filters.Arg("reference", "infermesh-cleanup-helper"))})
+	imgs, _ := testimage.Engine(t).ImageList(context.Background(), image.ListOptions{Filters: filters.NewArgs(filters.Arg("reference", "infermesh-cleanup-helper"))})
 	if len(list) != 0 || len(imgs) != 0 {
 		t.Errorf("helper left %d containers and %d images", len(list), len(imgs))
 	}

@@ -178,3 +178,25 @@ func (l *Lazy) Remove() error {
 	_, err = cli.ImageRemove(ctx, l.Tag, image.RemoveOptions{PruneChildren: true})
 	return err
 }
+
+// Engine returns a client of the whole Engine API, for what tests do to
+// the engine beyond the calls infermesh makes (kill, pause or limit a
+// container, list images). Its API version is negotiated before it is
+// returned: the client's own lazy negotiation runs on some calls only. The
+// client is closed when the test ends.
+func Engine(t testing.TB) *client.Client {
+	t.Helper()
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatalf("docker client: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ping, err := cli.Ping(ctx)
+	if err != nil {
+		t.Fatalf("docker engine at %s: %v", cli.DaemonHost(), err)
+	}
+	cli.NegotiateAPIVersionPing(ping)
+	return cli
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/infermesh/infermesh/internal/testimage"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -287,6 +288,7 @@ func TestSSHClientDeadlines(t *testing.T) {
 		cfg := quickSSH(signer)
 		cfg.KeepAliveInterval, cfg.KeepAliveTimeout = 200*time.Millisecond, 2*time.Second
 		c := connect(cfg)
+		eng := testimage.Engine(t)
 		started := make(chan struct{})
 		var once sync.Once
 		go func() {
@@ -297,7 +299,7 @@ func TestSSHClientDeadlines(t *testing.T) {
 			// cgroup); the fault is what is retried, not the check.
 			var err error
 			for attempt := range 10 {
-				if err = cli.ContainerPause(context.Background(), facts.ContractID); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+				if err = eng.ContainerPause(context.Background(), facts.ContractID); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
 					break
 				}
 				time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
@@ -306,7 +308,7 @@ func TestSSHClientDeadlines(t *testing.T) {
 				t.Errorf("pause: %v", err)
 			}
 		}()
-		t.Cleanup(func() { _ = cli.ContainerUnpause(context.Background(), facts.ContractID) })
+		t.Cleanup(func() { _ = eng.ContainerUnpause(context.Background(), facts.ContractID) })
 		err := within(t, func() error {
 			_, err := c.Run(context.Background(), RemoteCommand{Line: "echo go; sleep 600", Stdout: func(string) { once.Do(func() { close(started) }) }})
 			return err
