@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/infermesh/infermesh/internal/testimage"
 	"io"
 	"net/http"
@@ -673,35 +674,70 @@ func TestManagerDeadDaemon(t *testing.T) {
 type memLimited struct {
 	DockerAPI
 	limit int64
+
+	mu      sync.Mutex
+	created []string // container ids, in order
 }
 
-func (m memLimited) ContainerCreate(ctx context.Context, cc *container.Config, hc *container.HostConfig, nc *networkConfig, pl *platform, name string) (container.CreateResponse, error) {
+func (m *memLimited) ContainerCreate(ctx context.Context, cc *container.Config, hc *container.HostConfig, nc *networkConfig, pl *platform, name string) (container.CreateResponse, error) {
 	hc.Resources.Memory, hc.Resources.MemorySwap = m.limit, m.limit
-	return m.DockerAPI.ContainerCreate(ctx, cc, hc, nc, pl, name)
+	r, err := m.DockerAPI.ContainerCreate(ctx, cc, hc, nc, pl, name)
+	if err == nil {
+		m.mu.Lock()
+		m.created = append(m.created, r.ID)
+		m.mu.Unlock()
+	}
+	return r, err
+}
+
+// engineSawOOM reports whether the engine itself recorded an OOM kill of
+// the last container created.
+func (m *memLimited) engineSawOOM(t *testing.T) bool {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.created) == 0 {
+		return false
+	}
+	info, err := m.DockerAPI.ContainerInspect(context.Background(), m.created[len(m.created)-1])
+	return err == nil && info.State != nil && info.State.OOMKilled
 }
 
 // An instance the kernel kills for running out of memory is restarted, and
 // given up, with that reason: the operator reads "out of memory", not a
-// bare exit status.
+// bare exit status. The engine records an OOM kill from an event of its
+// own, and on a loaded host it sometimes records none (its inspect says
+// OOMKilled false, as ours does): that is the fault's report failing, not
+// the manager, so the fault is run again, at most three times. Whenever
+// the engine recorded the kill, the manager must say so.
 func TestManagerReportsOOMKills(t *testing.T) {
 	t.Parallel()
-	e := newMgrEnv(t, engineSite(t), "", memLimited{DockerAPI: testClient(t), limit: 32 << 20})
+	api := &memLimited{DockerAPI: testClient(t), limit: 32 << 20}
+	e := newMgrEnv(t, engineSite(t), "", api)
 	spec := instanceSpec("m-hog")
 	spec.Args = []string{"/memhog", "256"}
 	spec.Restart = RestartPolicy{Max: 1, Window: time.Minute, Backoff: 50 * time.Millisecond}
-	e.apply(map[string]InstanceSpec{"hog": spec})
-
-	st := e.waitInstance("hog", "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
+	role := "hog"
+	var st InstanceStatus
+	for attempt := 1; ; attempt++ {
+		e.apply(map[string]InstanceSpec{role: spec})
+		st = e.waitInstance(role, "failed", func(s InstanceStatus, ok bool) bool { return ok && s.State == StateFailed })
+		if strings.Contains(st.LastError, "out of memory") || api.engineSawOOM(t) || attempt == 3 {
+			break
+		}
+		t.Logf("attempt %d: the engine recorded no OOM kill (LastError %q); running the fault again", attempt, st.LastError)
+		role = fmt.Sprintf("hog%d", attempt+1)
+	}
 	if !strings.Contains(st.LastError, "gave up after 1 restarts") || !strings.Contains(st.LastError, "out of memory") {
 		t.Errorf("LastError = %q, want it to give up for running out of memory", st.LastError)
 	}
 	if !e.hasEvent(EventInstanceStopped, "out of memory") {
 		t.Errorf("no instance_stopped event saying out of memory")
 	}
-	if logs := logsText(e.m.Logs("hog", 0)); !strings.Contains(logs, "failed: out of memory") {
-		t.Errorf("Logs(hog) = %q, want the failed line", logs)
+	if logs := logsText(e.m.Logs(role, 0)); !strings.Contains(logs, "failed: out of memory") {
+		t.Errorf("Logs(%s) = %q, want the failed line", role, logs)
 	}
-	if _, ok := e.table.LocalBaseForRole("hog"); ok {
+	if _, ok := e.table.LocalBaseForRole(role); ok {
 		t.Errorf("an instance that never answered is registered in placement")
 	}
 }
