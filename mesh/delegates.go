@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
@@ -87,8 +88,16 @@ func (d *delegate) LocalState(join bool) []byte {
 // MergeRemoteState takes the adverts and revocation statements of the
 // other side of a push/pull.
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if hook := testHookMergeRemoteState.Load(); hook != nil {
+		(*hook)((*Mesh)(d))
+	}
 	(*Mesh)(d).mergeState(buf)
+	(*Mesh)(d).merged.Store(true)
 }
+
+// testHookMergeRemoteState, when set by a test, runs before a push/pull's
+// state is merged: memberlist has already marked the other side alive.
+var testHookMergeRemoteState atomic.Pointer[func(*Mesh)]
 
 // NotifyJoin records an admitted peer.
 func (e *events) NotifyJoin(n *memberlist.Node) {

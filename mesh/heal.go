@@ -142,7 +142,11 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 			if round == 0 {
 				rwg = &first
 			}
-			targets = m.healRound(ctx, rwg, onJoin, onRefused)
+			// The first round also contacts a peer gossip already lists
+			// as live unless some push/pull has been merged: that peer
+			// may be live here by its own contact, whose state (what it
+			// serves) is not merged yet, and readiness waits for it.
+			targets = m.healRound(ctx, rwg, round == 0 && !m.merged.Load(), onJoin, onRefused)
 		}
 		if round == 0 {
 			wg.Add(1)
@@ -152,6 +156,8 @@ func (m *Mesh) Heal(ctx context.Context, o HealOptions) error {
 				h.mu.Lock()
 				joined := h.joined
 				h.mu.Unlock()
+				// A peer's own contact merged counts as joined too.
+				joined = joined || m.merged.Load()
 				if o.OnFirstRound != nil {
 					o.OnFirstRound(targets, joined)
 				}
@@ -223,7 +229,7 @@ func (h *healer) addLocked(addr, name string, configured bool, seen time.Time) {
 // healRound starts an attempt for every due target that is not a live
 // member, and returns how many it started. Live peers are recorded as
 // known (their address may change).
-func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(string, int), onRefused func(string, error)) int {
+func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, contactLive bool, onJoin func(string, int), onRefused func(string, error)) int {
 	started := 0
 	now := time.Now()
 	liveAddr := map[string]bool{}
@@ -261,7 +267,7 @@ func (m *Mesh) healRound(ctx context.Context, wg *sync.WaitGroup, onJoin func(st
 	}
 	for addr, tg := range h.targets {
 		switch {
-		case liveAddr[addr] || (tg.name != "" && liveName[tg.name]):
+		case !contactLive && (liveAddr[addr] || (tg.name != "" && liveName[tg.name])):
 			tg.backoff, tg.next, tg.refused = 0, time.Time{}, false
 			continue
 		case tg.name != "" && revoked[tg.name]:

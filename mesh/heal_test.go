@@ -395,3 +395,76 @@ func TestHealReportsItsFirstRound(t *testing.T) {
 		})
 	}
 }
+
+// TestHealFirstRoundWaitsForALivePeersState: a peer whose own contact
+// reached this node first is live here before its push/pull state (what
+// it serves) is merged. The first round must not report the node joined,
+// nor as having nobody to contact, on that alone: a's merge of b's
+// contact is held once b is live at a, and a's first round must report
+// joined with b's role already resolved.
+func TestHealFirstRoundWaitsForALivePeersState(t *testing.T) {
+	c := newTestCluster(t)
+	b := c.start(healConfig(c, "b"))
+	b.serve(t, "rb", "m")
+	cfg := healConfig(c, "a")
+	cfg.Join = []string{b.m.GossipAddr()}
+	a := c.start(cfg)
+	a.accepts("b")
+	// b holds its own advert before contacting a (else its push/pull
+	// carries nothing to wait for).
+	eventually(t, 10*time.Second, "b advertises rb", func() bool {
+		b.m.advMu.Lock()
+		defer b.m.advMu.Unlock()
+		return b.m.adverts[advertKey{"b", "rb"}] != nil
+	})
+	release := make(chan struct{})
+	var held atomic.Bool
+	hook := func(m *Mesh) {
+		if m == a.m && held.CompareAndSwap(false, true) {
+			<-release
+		}
+	}
+	testHookMergeRemoteState.Store(&hook)
+	var releaseOnce sync.Once
+	unhold := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(func() { unhold(); testHookMergeRemoteState.Store(nil) })
+
+	joinDone := make(chan struct{})
+	go func() {
+		defer close(joinDone)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = b.m.JoinAddrs(ctx, []string{a.m.GossipAddr()})
+	}()
+	t.Cleanup(func() { <-joinDone })
+	eventually(t, 10*time.Second, "b is live at a, its state held", func() bool {
+		return held.Load() && slices.Contains(memberNames(a.m), "b")
+	})
+	if a.resolvesTo("rb", "b") {
+		t.Fatal("a resolves rb to b before any state was merged: the test holds nothing")
+	}
+
+	type report struct {
+		targets          int
+		joined, resolved bool
+	}
+	got := make(chan report, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = a.m.Heal(ctx, HealOptions{OnFirstRound: func(targets int, joined bool) {
+			got <- report{targets, joined, a.resolvesTo("rb", "b")}
+		}})
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case r := <-got:
+		if !r.joined || !r.resolved {
+			t.Errorf("first round: %d targets, joined %v, rb resolved to b %v; want joined with rb resolved", r.targets, r.joined, r.resolved)
+		}
+	case <-time.After(15 * time.Second * loadFactor):
+		t.Fatal("OnFirstRound was not called")
+	}
+	unhold()
+}

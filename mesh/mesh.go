@@ -111,6 +111,10 @@ type Mesh struct {
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
 	joinRefusal atomic.Pointer[error]
+	// merged is set once a push/pull's state (its adverts) has been merged,
+	// whichever side began it: until then, a peer that gossip already lists
+	// as live may not have given us what it serves (see Heal's first round).
+	merged atomic.Bool
 
 	keyringMu sync.Mutex // serializes keyring changes and their file writes
 
