@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
@@ -769,7 +770,7 @@ func (in *InstanceConfig) validate(f string) error {
 }
 
 // validNodeName is the rule of node, site and cluster names.
-func validNodeName(n string) error { return placement.ValidateNode(n) }
+func validNodeName(n string) error { return identity.ValidateNodeName(n) }
 
 // loopbackBase checks that s is http://<loopback IP or localhost>:<port>.
 // Its errors say what is wrong and what is wanted, not the URL parser's

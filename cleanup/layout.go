@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // Defaults of the places a site keeps things on a host (node.state_dir,
@@ -45,7 +45,7 @@ func (l Layout) Validate() error {
 	if !filepath.IsAbs(l.CacheRoot) {
 		return fmt.Errorf("layout: cache dir %q is not absolute", l.CacheRoot)
 	}
-	if err := placement.ValidateNode(l.Site); err != nil {
+	if err := identity.ValidateNodeName(l.Site); err != nil {
 		return fmt.Errorf("layout: site: %w", err)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // Scope says which of a site's runtime resources one cleanup acts on. The
@@ -31,7 +31,7 @@ func TargetScope(targets ...string) (Scope, error) {
 	}
 	seen := make([]string, 0, len(targets))
 	for _, t := range targets {
-		if err := placement.ValidateNode(t); err != nil {
+		if err := identity.ValidateNodeName(t); err != nil {
 			return Scope{}, fmt.Errorf("scope: execution target: %w", err)
 		}
 		if !slices.Contains(seen, t) {

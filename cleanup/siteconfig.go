@@ -11,7 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // ErrConfigUnreadable wraps every reason a site's configuration could not
@@ -135,10 +135,10 @@ func (c *SiteConfig) fill() error {
 	if c.AdminSocket == "" {
 		c.AdminSocket = DefaultAdminSocket
 	}
-	if err := placement.ValidateNode(c.Site); err != nil {
+	if err := identity.ValidateNodeName(c.Site); err != nil {
 		return fmt.Errorf("site: %w", err)
 	}
-	if err := placement.ValidateNode(c.Node); err != nil {
+	if err := identity.ValidateNodeName(c.Node); err != nil {
 		return fmt.Errorf("node.name: %w", err)
 	}
 	for field, dir := range map[string]string{"node.state_dir": c.StateDir, "node.cache_dir": c.CacheRoot} {

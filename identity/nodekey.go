@@ -18,33 +18,34 @@ import (
 // NodeKeyFile is the name of the node key file inside the state dir.
 const NodeKeyFile = "node.key"
 
-// MaxNodeNameLen is the longest node name accepted.
-const MaxNodeNameLen = 64
+// MaxNodeNameLen is the longest node name accepted (a DNS label's 63: a
+// node name is also a Docker label and container-name part).
+const MaxNodeNameLen = 63
 
 // ErrKeyFile is wrapped by every problem with an existing key file: it is
 // unreadable, corrupt, or readable by group or others. A key file is never
 // replaced silently.
 var ErrKeyFile = errors.New("bad key file")
 
-// ValidateNodeName reports whether name is usable as a node name: 1 to
-// MaxNodeNameLen bytes of [A-Za-z0-9._-], not "." or "..". The same token
-// rules as roles, so node names are safe in allowlists, logs and paths.
+// ValidateNodeName is the one rule of node names, in the agent, the CLI,
+// certificates, revocations and gossip alike (site and cluster names follow
+// it too): 1 to MaxNodeNameLen bytes of [A-Za-z0-9._-], starting with a
+// letter or digit. Such a name is safe in allowlists, logs, paths, Docker
+// labels and container names, and cannot be "." or "..".
 func ValidateNodeName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty node name")
-	case len(name) > MaxNodeNameLen:
-		return fmt.Errorf("node name %.16q...: longer than %d bytes", name, MaxNodeNameLen)
-	case name == "." || name == "..":
-		return fmt.Errorf("node name %q: dot name", name)
-	}
-	for i := 0; i < len(name); i++ {
+	ok := name != "" && len(name) <= MaxNodeNameLen && isAlnum(name[0])
+	for i := 1; ok && i < len(name); i++ {
 		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("node name %q: character %q at %d is not one of [A-Za-z0-9._-]", name, c, i)
-		}
+		ok = isAlnum(c) || c == '.' || c == '_' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%q is not a valid name (letters, digits, '.', '_', '-'; at most %d; starting with a letter or digit)", name, MaxNodeNameLen)
 	}
 	return nil
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 // EncodeKey returns the text form (standard base64) of a public key.

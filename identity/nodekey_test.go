@@ -73,7 +73,8 @@ func TestValidateNodeName(t *testing.T) {
 	}{
 		{"a", true}, {"node-1.example_x", true}, {"", false}, {".", false}, {"..", false},
 		{"a/b", false}, {"a b", false}, {"a=", false}, {strings.Repeat("x", MaxNodeNameLen), true},
-		{strings.Repeat("x", MaxNodeNameLen+1), false},
+		{strings.Repeat("x", MaxNodeNameLen+1), false}, {strings.Repeat("x", 64), false},
+		{"-a", false}, {".a", false}, {"_a", false}, {"9a", true}, {"A.", true}, {"a..b", true},
 	}
 	for _, tt := range tests {
 		if err := ValidateNodeName(tt.name); (err == nil) != tt.ok {

@@ -38,28 +38,6 @@ func ValidateRole(role string) error {
 	return nil
 }
 
-// MaxNodeLen is the longest node (and site) name accepted.
-const MaxNodeLen = 63
-
-// ValidateNode reports whether name is usable as a node name (and as a site
-// or cluster name, which follow the same rule): 1 to MaxNodeLen bytes of
-// [A-Za-z0-9._-], starting with a letter or digit. Such a name is safe as a
-// path element and as a Docker label or container-name part.
-func ValidateNode(name string) error {
-	ok := name != "" && len(name) <= MaxNodeLen && isAlnum(name[0])
-	for i := 1; ok && i < len(name); i++ {
-		ok = isTokenByte(name[i])
-	}
-	if !ok {
-		return fmt.Errorf("%q is not a valid name (letters, digits, '.', '_', '-'; at most %d; starting with a letter or digit)", name, MaxNodeLen)
-	}
-	return nil
-}
-
-func isAlnum(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-}
-
 func isTokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
 		c == '.' || c == '_' || c == '-'

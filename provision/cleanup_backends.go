@@ -23,8 +23,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/cleanup"
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/defaults"
-	"github.com/infermesh/infermesh/placement"
 )
 
 // HelperAPI is what removing root-owned site data needs of the engine
@@ -78,7 +78,7 @@ func NewSiteCleanups(cfg SiteCleanupsConfig) (*SiteCleanups, error) {
 	if err := cfg.Layout.Validate(); err != nil {
 		return nil, fmt.Errorf("site cleanups: %w", err)
 	}
-	if err := placement.ValidateNode(cfg.Node); err != nil {
+	if err := identity.ValidateNodeName(cfg.Node); err != nil {
 		return nil, fmt.Errorf("site cleanups: node: %w", err)
 	}
 	d := DefaultDockerConfig()
@@ -121,14 +121,14 @@ func (b *SiteCleanups) LocatedWorkloads(root, site, node string) cleanup.Located
 // directory under the cache root (or node's within it). Nothing else under
 // the cache root is touched.
 func (b *SiteCleanups) RemoveWorkloadCaches(ctx context.Context, site, node string) ([]string, error) {
-	if err := placement.ValidateNode(site); err != nil {
+	if err := identity.ValidateNodeName(site); err != nil {
 		return nil, fmt.Errorf("workload caches: site: %w", err)
 	}
 	l := b.cfg.Layout
 	l.Site = site
 	dir := l.SiteCache()
 	if node != "" {
-		if err := placement.ValidateNode(node); err != nil {
+		if err := identity.ValidateNodeName(node); err != nil {
 			return nil, fmt.Errorf("workload caches: node: %w", err)
 		}
 		dir = l.NodeCache(node)

@@ -14,7 +14,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // DockerRuntimeName is the Docker runtime's name in cleanup reports.
@@ -37,12 +37,12 @@ func TargetOf(labels map[string]string) (target string, legacy bool, err error) 
 	}
 	if t == LegacyTargetDocker {
 		node := labels[LabelNode]
-		if placement.ValidateNode(node) != nil {
+		if identity.ValidateNodeName(node) != nil {
 			return "", false, fmt.Errorf("%w: %q, and node label %q is not a node name", errTargetMalformed, t, node)
 		}
 		return node, node != t, nil
 	}
-	if err := placement.ValidateNode(t); err != nil {
+	if err := identity.ValidateNodeName(t); err != nil {
 		return "", false, fmt.Errorf("%w: %w", errTargetMalformed, err)
 	}
 	return t, false, nil

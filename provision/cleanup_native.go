@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/identity"
 )
 
 // NativeRuntimeName is the native runtime's name in cleanup reports.
@@ -61,7 +61,7 @@ func (f nativeFinder) classify(scope cleanup.Scope) ([]cleanup.Resource, error) 
 			refusals = append(refusals, fmt.Sprintf("%s: names node %q but lies in node folder %q", lr.Path, rec.Node, lr.Folder))
 			continue
 		}
-		terr := placement.ValidateNode(rec.Target)
+		terr := identity.ValidateNodeName(rec.Target)
 		if terr != nil && !scope.IsSite() {
 			unattrib = append(unattrib, fmt.Sprintf("%s: execution target: %v", lr.Path, terr))
 			continue
