@@ -96,7 +96,7 @@
 //     tail, and the token usage read from it.
 //   - reqlog.go: request ids, ServedByHeader and the access log (traced).
 //   - probes.go: /health and /ready (Readiness).
-//   - guard.go: the loopback checks: Host header (DNS rebinding), browser
+//   - loopback_guard.go: the loopback checks: Host header (DNS rebinding), browser
 //     Origin, IsLoopbackAddr for listen addresses.
 //   - errors.go: APIError and WriteError, the OpenAI-shaped errors and
 //     their codes.
