@@ -408,6 +408,13 @@ func TestHealFirstRoundWaitsForALivePeersState(t *testing.T) {
 	b.serve(t, "rb", "m")
 	cfg := healConfig(c, "a")
 	cfg.Join = []string{b.m.GossipAddr()}
+	// a hears no gossip packets: b's adverts reach it only in push/pull
+	// state (streams), which the hook below holds; probes fall back to TCP.
+	cfg.WrapTransport = func(inner memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
+		p := newPartitionable(inner)
+		p.deaf.Store(true)
+		return p
+	}
 	a := c.start(cfg)
 	a.accepts("b")
 	// b holds its own advert before contacting a (else its push/pull
