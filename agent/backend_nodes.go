@@ -111,7 +111,7 @@ func (b *Backend) nodePlan(rt *nodes, m *mesh.Mesh, by admin.Caller, req admin.N
 	if strings.TrimSpace(cfg.Trust.Authority) == "" {
 		return node.Spec{}, nil, admin.Errorf(admin.ErrNotConfigured, "node add needs trust.authority in this agent's config: new nodes are admitted by an admission certificate it signs")
 	}
-	authPub, err := identity.ParsePublicKey(cfg.Trust.Authority)
+	authPub, err := identity.ParseAuthorityKey(cfg.Trust.Authority)
 	if err != nil {
 		return bad("trust.authority: %v", err)
 	}
@@ -207,10 +207,10 @@ func (b *Backend) nodePlan(rt *nodes, m *mesh.Mesh, by admin.Caller, req admin.N
 	}
 	pc := node.PlanConfig{
 		Spec: spec, Site: cfg.Site, Cluster: cfg.Mesh.Cluster,
-		Bootstrapper: node.Agent{Name: cfg.Node.Name, PublicKey: identity.EncodeKey(m.PublicKey())},
+		Bootstrapper: node.Agent{Name: cfg.Node.Name, PublicKey: identity.EncodeNodeKey(m.PublicKey())},
 		Authority:    cfg.Trust.Authority,
 		Issue: func(_ context.Context, name, pub string) (string, error) {
-			k, err := identity.ParsePublicKey(pub)
+			k, err := identity.ParseNodeKey(pub)
 			if err != nil {
 				return "", fmt.Errorf("the key read back from the node: %w", err)
 			}

@@ -142,7 +142,7 @@ func (b *Backend) SetPolicy(_ context.Context, by admin.Caller, c admin.PolicyCh
 			return admin.PolicyResult{}, admin.Errorf(admin.ErrInvalid, "%q is this node", k.Node)
 		}
 		if validNodeName(k.Node) != nil {
-			if _, err := identity.ParsePublicKey(k.Node); err != nil {
+			if _, err := identity.ParseNodeKey(k.Node); err != nil {
 				return admin.PolicyResult{}, admin.Errorf(admin.ErrInvalid, "%q is neither a node name nor a public key", k.Node)
 			}
 		}

@@ -81,7 +81,7 @@ func (b *Backend) Peers(context.Context) ([]admin.Peer, error) {
 			Roles: append([]string{}, byNode[m.Name]...),
 		}
 		if len(m.PublicKey) > 0 {
-			p.PublicKey = identity.EncodeKey(m.PublicKey)
+			p.PublicKey = identity.EncodeNodeKey(m.PublicKey)
 		}
 		if m.Scope != 0 {
 			p.Scope = m.Scope.String()
@@ -100,7 +100,7 @@ func (b *Backend) Peers(context.Context) ([]admin.Peer, error) {
 	for _, r := range b.mesh.RefusedNodes() {
 		p := admin.Peer{Name: r.Name, State: admin.PeerRefused, Why: r.Why, GossipAddr: r.GossipAddr, Roles: []string{}}
 		if len(r.PublicKey) > 0 {
-			p.PublicKey = identity.EncodeKey(r.PublicKey)
+			p.PublicKey = identity.EncodeNodeKey(r.PublicKey)
 		}
 		seen := r.LastSeen.UTC()
 		p.LastSeen = &seen

@@ -153,6 +153,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative max_conns_per_peer", "node: {name: a}\nmesh: {bind: '127.0.0.1:1', quic: '127.0.0.1:2', max_conns_per_peer: -1}\n", "mesh.max_conns_per_peer: -1 is negative"},
 		{"trusted node bad key", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: nope}]}\n", "trust.nodes[0].public_key"},
 		{"bad authority", "node: {name: a}\ntrust: {authority: 'AAAA'}\n", "trust.authority"},
+		{"node key as authority", "node: {name: a}\ntrust: {authority: 'nodekey:c2gizNIRmOKSn6exQlbMyiu0FdmLWInlPtFNdMJFdi8='}\n", "trust.authority: authority key: nodekey:... is a node key, not an authority key"},
+		{"authority key as a node's", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: 'authkey:c2gizNIRmOKSn6exQlbMyiu0FdmLWInlPtFNdMJFdi8='}]}\n", "trust.nodes[0].public_key: node key: authkey:... is an authority key, not a node key"},
 		{"trusted node without key", "node: {name: a}\ntrust: {nodes: [{name: b}]}\n", "trust.nodes[0].public_key"},
 		{"bad scope", "node: {name: a}\ntrust: {nodes: [{name: b, public_key: k, scope: admin}]}\n", "trust.nodes[0].scope"},
 		{"non-loopback metrics", "node: {name: a}\nadmin: {metrics: '0.0.0.0:9090'}\n", "set admin.metrics_allow_remote: true"},

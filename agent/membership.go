@@ -26,14 +26,14 @@ import (
 func (c *Config) MeshTrust() (mesh.TrustConfig, error) {
 	var t mesh.TrustConfig
 	if a := strings.TrimSpace(c.Trust.Authority); a != "" {
-		k, err := identity.ParsePublicKey(a)
+		k, err := identity.ParseAuthorityKey(a)
 		if err != nil {
 			return t, fieldErr("trust.authority", "%v", err)
 		}
 		t.Authorities = append(t.Authorities, k)
 	}
 	for i, n := range c.Trust.Nodes {
-		k, err := identity.ParsePublicKey(n.PublicKey)
+		k, err := identity.ParseNodeKey(n.PublicKey)
 		if err != nil {
 			return t, fieldErr(fmt.Sprintf("trust.nodes[%d].public_key", i), "%v", err)
 		}

@@ -192,7 +192,7 @@ var _ node.Membership = meshMembership{}
 func (mm meshMembership) Member(name string) (node.MemberState, bool) {
 	for _, p := range mm.m.Members() {
 		if p.Name == name && !p.Self {
-			return node.MemberState{PublicKey: identity.EncodeKey(p.PublicKey), Admitted: p.Admitted, Why: p.Why}, true
+			return node.MemberState{PublicKey: identity.EncodeNodeKey(p.PublicKey), Admitted: p.Admitted, Why: p.Why}, true
 		}
 	}
 	return node.MemberState{}, false

@@ -23,14 +23,15 @@ import (
 // agent, the authority and its certificate, this agent trusted, its roles
 // exposed and served to this agent.
 func TestNodeConfigIsAValidAgentConfig(t *testing.T) {
-	pub := identity.EncodeKey(make(ed25519.PublicKey, ed25519.PublicKeySize))
+	pub := identity.EncodeNodeKey(make(ed25519.PublicKey, ed25519.PublicKeySize))
+	auth := identity.EncodeAuthorityKey(make(ed25519.PublicKey, ed25519.PublicKeySize))
 	pc := node.PlanConfig{
 		Spec: node.Spec{
 			Name: "gpu-7", Run: 9,
 			Roles: []node.Role{{Name: "chat", Port: 18080, Upstream: "http://127.0.0.1:18180", Model: "demo", Consumed: true}},
 			Join:  []string{"10.0.0.1:7946"},
 		},
-		Site: "lab", Cluster: "prod", Authority: pub,
+		Site: "lab", Cluster: "prod", Authority: auth,
 		Bootstrapper: node.Agent{Name: "hub", PublicKey: pub},
 		User:         "infermesh", AdminGroup: "infermesh-admin",
 	}
@@ -47,7 +48,7 @@ func TestNodeConfigIsAValidAgentConfig(t *testing.T) {
 		{cfg.Node.Name, "gpu-7"}, {cfg.Node.StateDir, node.StateDir}, {cfg.Site, "lab"}, {cfg.Mesh.Cluster, "prod"},
 		{cfg.Mesh.Advertise, "10.0.0.7:7946"}, {cfg.Mesh.QUICAdvertise, "10.0.0.7:7947"},
 		{strings.Join(cfg.Mesh.Join, ","), "10.0.0.1:7946"}, {cfg.Mesh.GossipKeyring, "keyring.json"},
-		{cfg.Trust.Authority, pub}, {cfg.Trust.Certificate, "node.cert"},
+		{cfg.Trust.Authority, auth}, {cfg.Trust.Certificate, "node.cert"},
 		{fmt.Sprint(cfg.Trust.Nodes), fmt.Sprint([]TrustedNode{{Name: "hub", PublicKey: pub, Scope: "full"}})},
 		{chat.Upstream, "http://127.0.0.1:18180"}, {chat.Model, "demo"}, {fmt.Sprint(chat.Port), "18080"},
 		{fmt.Sprint(chat.Expose), "true"}, {strings.Join(chat.ServeTo, ","), "hub"},
@@ -116,7 +117,7 @@ roles:
 func TestNodeAddRefusals(t *testing.T) {
 	_, authority, _ := ed25519.GenerateKey(rand.Reader)
 	_, other, _ := ed25519.GenerateKey(rand.Reader)
-	authPub := identity.EncodeKey(authority.Public().(ed25519.PublicKey))
+	authPub := identity.EncodeAuthorityKey(authority.Public().(ed25519.PublicKey))
 	seed := func(k ed25519.PrivateKey) string { return base64.StdEncoding.EncodeToString(k.Seed()) }
 	add := func(c *admin.Client, req admin.NodeAdd) error {
 		return c.AddNode(context.Background(), req, func(admin.NodeEvent) error {

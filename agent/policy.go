@@ -42,7 +42,7 @@ func computePolicy(cfg *Config, ovs []store.Override) effectivePolicy {
 		revoked: map[string]fact{}, signed: map[string]fact{}, inactive: map[store.Key]bool{},
 	}
 	var authorities []ed25519.PublicKey
-	if k, err := identity.ParsePublicKey(cfg.Trust.Authority); err == nil {
+	if k, err := identity.ParseAuthorityKey(cfg.Trust.Authority); err == nil {
 		authorities = append(authorities, k)
 	}
 	set := func(m map[string]map[string]fact, role, node string, f fact) {

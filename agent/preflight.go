@@ -107,7 +107,7 @@ func (c *Config) checkCertificate() (cert *identity.Certificate, notes []string,
 			cert.Name, c.Node.Name, c.Node.Name, c.Node.Name)
 	}
 	if a := strings.TrimSpace(c.Trust.Authority); a != "" {
-		k, err := identity.ParsePublicKey(a)
+		k, err := identity.ParseAuthorityKey(a)
 		if err != nil {
 			return nil, nil, fieldErr("trust.authority", "%v", err)
 		}
@@ -119,12 +119,12 @@ func (c *Config) checkCertificate() (cert *identity.Certificate, notes []string,
 	}
 	keyPath := filepath.Join(c.Node.StateDir, identity.NodeKeyFile)
 	key, err := identity.LoadKey(keyPath)
-	want := identity.EncodeKey(cert.PublicKey)
+	want := identity.EncodeNodeKey(cert.PublicKey)
 	switch {
 	case err == nil:
 		if pub := key.Public().(ed25519.PublicKey); !pub.Equal(cert.PublicKey) {
 			return nil, nil, fieldErr(f, "issued for the public key %s, but this node's key (%s) is %s: peers would refuse it; issue one for %s",
-				want, keyPath, identity.EncodeKey(pub), identity.EncodeKey(pub))
+				want, keyPath, identity.EncodeNodeKey(pub), identity.EncodeNodeKey(pub))
 		}
 	case errors.Is(err, fs.ErrNotExist):
 		if c.Mesh.Enabled() {

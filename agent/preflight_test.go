@@ -47,8 +47,8 @@ func newCertFixture(t *testing.T) *certFixture {
 	}
 	_, f.auth, _ = ed25519.GenerateKey(rand.Reader)
 	_, f.other, _ = ed25519.GenerateKey(rand.Reader)
-	f.authPub = identity.EncodeKey(f.auth.Public().(ed25519.PublicKey))
-	f.keyPub = identity.EncodeKey(f.key.Public().(ed25519.PublicKey))
+	f.authPub = identity.EncodeAuthorityKey(f.auth.Public().(ed25519.PublicKey))
+	f.keyPub = identity.EncodeNodeKey(f.key.Public().(ed25519.PublicKey))
 	return f
 }
 
@@ -114,7 +114,7 @@ func TestPreflightCertificate(t *testing.T) {
 		{name: "another name", mesh: true, trust: trust(f.cert(t, f.auth, "b", pub, 30*day)),
 			wantErr: `trust.certificate: issued to node "b", but node.name is "a": issue one for "a" (infermesh authority issue --name a)`},
 		{name: "another key", mesh: true, trust: trust(f.cert(t, f.auth, "a", strangerPub, 30*day)),
-			wantErr: "trust.certificate: issued for the public key " + identity.EncodeKey(strangerPub) + ", but this node's key (" + filepath.Join(f.state, "node.key") + ") is " + f.keyPub + ": peers would refuse it; issue one for " + f.keyPub},
+			wantErr: "trust.certificate: issued for the public key " + identity.EncodeNodeKey(strangerPub) + ", but this node's key (" + filepath.Join(f.state, "node.key") + ") is " + f.keyPub + ": peers would refuse it; issue one for " + f.keyPub},
 		{name: "not a certificate nor a file", mesh: true, trust: trust("nope.cert"),
 			wantErr: "trust.certificate: neither an admission certificate (bad admission certificate: illegal base64 data at input byte 4) nor a readable file (open " + filepath.Join(f.state, "nope.cert") + ": no such file or directory)"},
 		{name: "a file without a certificate", mesh: true, trust: trust("junk.cert"),

@@ -202,7 +202,7 @@ func newTestMesh(t testing.TB, names ...string) *testMesh {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.pub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
+		n.pub = identity.EncodeNodeKey(key.Public().(ed25519.PublicKey))
 		n.bind = net.JoinHostPort(ip, fmt.Sprint(testnet.TCPUDPPort(t, ip)))
 		tm.nodes[name] = n
 		tm.order = append(tm.order, name)
@@ -248,7 +248,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		fmt.Fprintf(&b, "  join: [%s]\n", tm.nodes[tm.order[0]].bind)
 	}
 	if tm.authority != nil {
-		fmt.Fprintf(&b, "trust:\n  authority: %q\n  certificate: %q\n", identity.EncodeKey(tm.authority.Public().(ed25519.PublicKey)), tm.certOf(n))
+		fmt.Fprintf(&b, "trust:\n  authority: %q\n  certificate: %q\n", identity.EncodeAuthorityKey(tm.authority.Public().(ed25519.PublicKey)), tm.certOf(n))
 	} else {
 		b.WriteString("trust:\n  nodes:\n")
 		for _, other := range tm.order {

@@ -190,7 +190,7 @@ func newCluster(t *testing.T, n int) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.pub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
+		h.pub = identity.EncodeNodeKey(key.Public().(ed25519.PublicKey))
 	}
 	for _, h := range c.hosts {
 		dir := filepath.Join(tmp, h.name)

@@ -48,21 +48,11 @@ func isAlnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
-// EncodeKey returns the text form (standard base64) of a public key.
+// EncodeKey returns the bare text form (standard base64) of a public key,
+// without its kind: for stored records. What people read and paste is
+// EncodeNodeKey or EncodeAuthorityKey.
 func EncodeKey(pub ed25519.PublicKey) string {
 	return base64.StdEncoding.EncodeToString(pub)
-}
-
-// ParsePublicKey parses the text form of an ed25519 public key.
-func ParsePublicKey(s string) (ed25519.PublicKey, error) {
-	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
-	if err != nil {
-		return nil, fmt.Errorf("public key: %w", err)
-	}
-	if len(b) != ed25519.PublicKeySize {
-		return nil, fmt.Errorf("public key: %d bytes, want %d", len(b), ed25519.PublicKeySize)
-	}
-	return ed25519.PublicKey(b), nil
 }
 
 // LoadOrCreateKey returns the ed25519 private key stored at path, creating

@@ -68,8 +68,8 @@ type Revocation struct {
 // no node name contains. Exactly one of name and key is set.
 func ParseRevocationSubject(s string) (name string, key ed25519.PublicKey, err error) {
 	s = strings.TrimSpace(s)
-	if strings.HasSuffix(s, "=") {
-		k, err := ParsePublicKey(s)
+	if strings.HasSuffix(s, "=") || strings.Contains(s, ":") { // a key, never a name
+		k, err := ParseNodeKey(s)
 		if err != nil {
 			return "", nil, fmt.Errorf("revocation subject %q: %w", s, err)
 		}

@@ -137,7 +137,7 @@ func (m *Mesh) MayChangeKeyring(node string, key ed25519.PublicKey) error {
 	case s == 0:
 		return fmt.Errorf("%w: %s is not vouched for by this node's trust", ErrKeyringSenderScope, node)
 	case !known.Equal(key):
-		return fmt.Errorf("%w: %s presented key %s, is known by %s", ErrKeyringSenderScope, node, identity.EncodeKey(key), identity.EncodeKey(known))
+		return fmt.Errorf("%w: %s presented key %s, is known by %s", ErrKeyringSenderScope, node, identity.EncodeNodeKey(key), identity.EncodeNodeKey(known))
 	case s != identity.ScopeFull:
 		return fmt.Errorf("%w: %s has scope %v", ErrKeyringSenderScope, node, s)
 	}

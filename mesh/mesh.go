@@ -179,7 +179,7 @@ func New(cfg Config) (*Mesh, error) {
 	m.heal.targets = map[string]*rejoinTarget{}
 	m.origins = map[string]*originState{}
 	if created {
-		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeKey(m.pub)))
+		m.log.Info("created node key", zap.String("path", cfg.KeyFile), zap.String("public_key", identity.EncodeNodeKey(m.pub)))
 	}
 	m.refusals.init()
 	m.metaCache.init()
@@ -193,7 +193,7 @@ func New(cfg Config) (*Mesh, error) {
 		}
 		if c.Name != m.name || !c.PublicKey.Equal(m.pub) {
 			return nil, fmt.Errorf("mesh config: Certificate: issued to %q with key %s, not to this node (%q, %s)",
-				c.Name, identity.EncodeKey(c.PublicKey), m.name, identity.EncodeKey(m.pub))
+				c.Name, identity.EncodeNodeKey(c.PublicKey), m.name, identity.EncodeNodeKey(m.pub))
 		}
 		if !cfg.Now().Before(c.Expires) {
 			m.log.Error("this node's admission certificate has EXPIRED: peers will refuse it", zap.Time("expired", c.Expires))
@@ -234,7 +234,7 @@ func New(cfg Config) (*Mesh, error) {
 	go m.antiEntropyLoop()
 	go m.revocationLoop()
 	m.log.Info("mesh started", zap.String("gossip", m.GossipAddr()), zap.String("cluster", cfg.Cluster),
-		zap.String("public_key", identity.EncodeKey(m.pub)))
+		zap.String("public_key", identity.EncodeNodeKey(m.pub)))
 	return m, nil
 }
 

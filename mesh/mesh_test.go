@@ -288,7 +288,7 @@ func TestRevocationAndExpiryStopResolutionAtOnce(t *testing.T) {
 		restore func() error
 	}{
 		{"by name", func() error { return a.m.Revoke("b") }, func() error { return a.m.Unrevoke("b") }},
-		{"by key", func() error { return a.m.Revoke(identity.EncodeKey(b.m.PublicKey())) }, func() error { return a.m.Unrevoke(identity.EncodeKey(b.m.PublicKey())) }},
+		{"by key", func() error { return a.m.Revoke(identity.EncodeNodeKey(b.m.PublicKey())) }, func() error { return a.m.Unrevoke(identity.EncodeNodeKey(b.m.PublicKey())) }},
 		{"certificate expiry", func() error { a.clock.Advance(2 * time.Hour); return nil }, func() error { a.clock.Advance(-2 * time.Hour); return nil }},
 		{"trust reload", func() error { return a.m.SetTrust(TrustConfig{}) }, func() error { return a.m.SetTrust(c.config("a").Trust) }},
 	}

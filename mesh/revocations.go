@@ -217,14 +217,14 @@ func (m *Mesh) AcceptRevocation(r *identity.Revocation, via string) (bool, error
 	m.bcast.QueueBroadcast(&advertBroadcast{name: "revocation/" + r.Subject(), msg: encodeRevocationMsg(r)})
 	m.revOut.push(RevocationNews{Revocation: r, Authority: signer, Via: via})
 	m.log.Info("signed revocation statement accepted", zap.String("subject", r.Subject()), zap.String("op", r.Op()),
-		zap.Uint64("serial", r.Serial), zap.String("authority", identity.EncodeKey(signer)), zap.String("via", via))
+		zap.Uint64("serial", r.Serial), zap.String("authority", identity.EncodeAuthorityKey(signer)), zap.String("via", via))
 	if r.Revoked && (r.Name == m.name || r.PublicKey.Equal(m.pub)) {
 		m.log.Error("the authority revoked THIS node: every node that holds the statement refuses it", zap.Uint64("serial", r.Serial))
 	}
 	if m.cfg.Audit != nil {
 		m.cfg.Audit.Audit(placement.AuditEvent{Kind: AuditRevocationAccepted, Node: r.Subject(), Fields: map[string]string{
 			"op": r.Op(), "serial": fmt.Sprint(r.Serial), "issued": r.IssuedAt.UTC().Format(time.RFC3339),
-			"authority": identity.EncodeKey(signer), "via": via,
+			"authority": identity.EncodeAuthorityKey(signer), "via": via,
 		}})
 	}
 	m.enforceAdmission()
@@ -284,7 +284,7 @@ func (m *Mesh) reverifyRevocationsLocked(t *trustState) *trustState {
 		signer, err := identity.VerifyRevocation(h.r, t.authorities)
 		if err != nil {
 			m.log.Warn("signed revocation statement dropped: no configured authority signed it", zap.String("subject", h.r.Subject()),
-				zap.String("signed_by", identity.EncodeKey(h.signer)))
+				zap.String("signed_by", identity.EncodeAuthorityKey(h.signer)))
 			delete(m.revs, k)
 			continue
 		}

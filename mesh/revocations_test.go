@@ -187,7 +187,7 @@ func TestMayChangeKeyring(t *testing.T) {
 	if err := a.m.Revoke("c"); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := a.m.AcceptRevocation(statement(t, c.authority, identity.EncodeKey(d.m.PublicKey()), true, 1), "admin"); !ok || err != nil {
+	if ok, err := a.m.AcceptRevocation(statement(t, c.authority, identity.EncodeNodeKey(d.m.PublicKey()), true, 1), "admin"); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	_, otherKey, _ := ed25519.GenerateKey(rand.Reader)

@@ -101,7 +101,7 @@ func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, 
 		}
 		if pinned, ok := dir.PeerKey(name); ok && !pinned.Equal(key) {
 			return "", nil, &refusalError{why: RefusedKeyMismatch, node: name,
-				msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeKey(key), identity.EncodeKey(pinned))}
+				msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeNodeKey(key), identity.EncodeNodeKey(pinned))}
 		}
 		return "", nil, &refusalError{why: RefusedNotAdmitted, node: name, msg: fmt.Sprintf("node %q is not admitted", name)}
 	}
@@ -114,7 +114,7 @@ func verifyNodeCert(dir PeerDirectory, rawCerts [][]byte, want string) (string, 
 	}
 	if !pinned.Equal(key) {
 		return "", nil, &refusalError{why: RefusedKeyMismatch, node: name,
-			msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeKey(key), identity.EncodeKey(pinned))}
+			msg: fmt.Sprintf("node %q presented key %s, admitted with %s", name, identity.EncodeNodeKey(key), identity.EncodeNodeKey(pinned))}
 	}
 	return name, key, nil
 }

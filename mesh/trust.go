@@ -51,8 +51,8 @@ type revocation struct {
 // name contains.
 func parseRevocation(s string) (revocation, error) {
 	s = strings.TrimSpace(s)
-	if strings.HasSuffix(s, "=") {
-		k, err := identity.ParsePublicKey(s)
+	if strings.HasSuffix(s, "=") || strings.Contains(s, ":") { // a key, never a name
+		k, err := identity.ParseNodeKey(s)
 		if err != nil {
 			return revocation{}, fmt.Errorf("revocation %q: %w", s, err)
 		}
@@ -180,7 +180,7 @@ func (t *trustState) revocationEvidence(name string, key ed25519.PublicKey) stri
 			return fmt.Sprintf("%s is in trust.revoked", r)
 		case t.signed[r] != nil:
 			h := t.signed[r]
-			return fmt.Sprintf("%s is revoked by a statement signed by authority %s (serial %d)", r, identity.EncodeKey(h.signer), h.r.Serial)
+			return fmt.Sprintf("%s is revoked by a statement signed by authority %s (serial %d)", r, identity.EncodeAuthorityKey(h.signer), h.r.Serial)
 		case t.runtime[r]:
 			return fmt.Sprintf("%s is revoked on this node (infermesh revoke)", r)
 		}

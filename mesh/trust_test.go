@@ -19,7 +19,7 @@ func TestTrustAdmit(t *testing.T) {
 	ts, err := newTrustState(TrustConfig{
 		Authorities: []ed25519.PublicKey{apub},
 		Nodes:       []TrustedNode{{Name: "a", PublicKey: kA}, {Name: "s", PublicKey: kC, Scope: identity.ScopeConsumer}},
-		Revoked:     []string{"r", identity.EncodeKey(kC)},
+		Revoked:     []string{"r", identity.EncodeNodeKey(kC)},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

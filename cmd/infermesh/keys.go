@@ -85,7 +85,7 @@ Only the key goes to stdout; notices go to stderr.`,
 			if err != nil {
 				return err
 			}
-			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
+			pub := identity.EncodeNodeKey(key.Public().(ed25519.PublicKey))
 			notice := ""
 			if created {
 				notice = fmt.Sprintf("(new key written to %s)", path)
@@ -144,7 +144,7 @@ func newAuthorityCmd(a *app) *cobra.Command {
 				}
 				return err
 			}
-			pub := identity.EncodeKey(key.Public().(ed25519.PublicKey))
+			pub := identity.EncodeAuthorityKey(key.Public().(ed25519.PublicKey))
 			return a.printKey(keyResult{Path: keyFile, PublicKey: pub, Created: true}, pub,
 				fmt.Sprintf("(authority key written to %s; keep it offline)", keyFile))
 		},
@@ -164,7 +164,7 @@ the value of trust.authority, on stdout, and its fingerprint on stderr
 			}
 			pub := key.Public().(ed25519.PublicKey)
 			fp := identity.PublicKeyFingerprint(pub).String()
-			text := identity.EncodeKey(pub)
+			text := identity.EncodeAuthorityKey(pub)
 			return a.printKey(keyResult{Path: keyFile, PublicKey: text, Fingerprint: fp}, text,
 				fmt.Sprintf("(fingerprint %s; the private key stays in %s)", fp, keyFile))
 		},
@@ -181,7 +181,7 @@ the value of trust.authority, on stdout, and its fingerprint on stderr
 			if err != nil {
 				return fmt.Errorf("authority key: %w", err)
 			}
-			pub, err := identity.ParsePublicKey(pubText)
+			pub, err := identity.ParseNodeKey(pubText)
 			if err != nil {
 				return fmt.Errorf("--public-key: %w", err)
 			}
@@ -199,7 +199,7 @@ the value of trust.authority, on stdout, and its fingerprint on stderr
 				PublicKey   string    `json:"public_key"`
 				Scope       string    `json:"scope"`
 				Expires     time.Time `json:"expires"`
-			}{cert.String(), cert.Name, identity.EncodeKey(cert.PublicKey), cert.Scope.String(), cert.Expires.UTC()}, cert.String())
+			}{cert.String(), cert.Name, identity.EncodeNodeKey(cert.PublicKey), cert.Scope.String(), cert.Expires.UTC()}, cert.String())
 		},
 	}
 	issueCmd.Flags().StringVar(&name, "name", "", "node name (required)")

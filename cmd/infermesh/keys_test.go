@@ -154,8 +154,8 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 	if err := identity.VerifyCertificate(cert, []ed25519.PublicKey{apub}); err != nil {
 		t.Errorf("issued certificate does not verify: %v", err)
 	}
-	if cert.Name != "node-1" || identity.EncodeKey(cert.PublicKey) != nodePub || cert.Scope != identity.ScopeConsumer {
-		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, identity.EncodeKey(cert.PublicKey), cert.Scope, nodePub)
+	if cert.Name != "node-1" || identity.EncodeNodeKey(cert.PublicKey) != nodePub || cert.Scope != identity.ScopeConsumer {
+		t.Errorf("certificate = %s/%s/%v, want node-1/%s/consumer", cert.Name, identity.EncodeNodeKey(cert.PublicKey), cert.Scope, nodePub)
 	}
 
 	// infermesh cert shows it, from the text or a file, and checks it.
@@ -173,7 +173,7 @@ func TestAuthorityInitAndIssue(t *testing.T) {
 	}
 	// Another authority: what the certificate says is shown, and the
 	// exit code says it is not that authority's.
-	other := identity.EncodeKey(nodePubKey(t, nodePub))
+	other := identity.EncodeAuthorityKey(nodePubKey(t, nodePub))
 	shown, errOut, code := runCLI(t, "cert", certFile, "--authority", other)
 	if want := "infermesh: the certificate of node-1 is not signed by authority " + other + "\n"; code != exitFailure || !strings.Contains(shown, "NOT by this authority") || errOut != want {
 		t.Errorf("cert with another authority = %q, %q (exit %d); want the signature refused, exit %d and %q", shown, errOut, code, exitFailure, want)

@@ -67,10 +67,10 @@ or a file holding it (trust.certificate's forms).`,
 				}
 			}
 			now := time.Now()
-			out := certInfo{Name: c.Name, PublicKey: identity.EncodeKey(c.PublicKey), Scope: c.Scope.String(),
+			out := certInfo{Name: c.Name, PublicKey: identity.EncodeNodeKey(c.PublicKey), Scope: c.Scope.String(),
 				IssuedAt: c.IssuedAt.UTC(), Expires: c.Expires.UTC(), Expired: !now.Before(c.Expires)}
 			if authority != "" {
-				k, err := identity.ParsePublicKey(authority)
+				k, err := identity.ParseAuthorityKey(authority)
 				if err != nil {
 					return fmt.Errorf("--authority: %w", err)
 				}

@@ -112,7 +112,7 @@ func newNodeEnv(t *testing.T) *nodeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.authPub = identity.EncodeKey(key.Public().(ed25519.PublicKey))
+	e.authPub = identity.EncodeAuthorityKey(key.Public().(ed25519.PublicKey))
 	e.chatPort = testnet.TCPPort(t, "127.0.0.1")
 	return e
 }

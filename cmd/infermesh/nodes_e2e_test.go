@@ -117,7 +117,7 @@ func TestNodeAddDockerServesChatOverQUIC(t *testing.T) {
 		t.Fatalf("node list = %+v, want lab converged and admitted", l)
 	}
 	p, ok := member(a.Mesh(), "lab")
-	if !ok || !p.Admitted || l.Nodes[0].Key == "" || l.Nodes[0].Key != identity.EncodeKey(p.PublicKey) {
+	if !ok || !p.Admitted || l.Nodes[0].Key == "" || l.Nodes[0].Key != identity.EncodeNodeKey(p.PublicKey) {
 		t.Fatalf("mesh view of lab = %+v (%v), want admitted with the key made on the host (%s)", p, ok, l.Nodes[0].Key)
 	}
 

@@ -271,7 +271,7 @@ func printNodeKey(configPath string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println(identity.EncodeKey(key.Public().(ed25519.PublicKey)))
+	fmt.Println(identity.EncodeNodeKey(key.Public().(ed25519.PublicKey)))
 	return nil
 }
 

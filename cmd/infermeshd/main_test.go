@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/testnet"
 )
 
@@ -256,8 +257,8 @@ func TestKeygenCreatesOnceAndPrintsThePublicKey(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("node.key: %v, mode %v; want 0600", err, st)
 	}
-	if len(first) != 44 || !strings.HasSuffix(first, "=") {
-		t.Errorf("printed %q, want a base64 ed25519 public key", first)
+	if _, err := identity.ParseNodeKey(first); err != nil || !strings.HasPrefix(first, identity.NodeKeyPrefix) {
+		t.Errorf("printed %q, want a node key (nodekey:<base64>): %v", first, err)
 	}
 	if second := run(); second != first {
 		t.Errorf("second -keygen printed %q, want the same key %q", second, first)

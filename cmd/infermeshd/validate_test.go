@@ -55,7 +55,7 @@ func (n *certNode) config(t *testing.T, by ed25519.PrivateKey, name string) stri
 	path := filepath.Join(n.dir, name+".yaml")
 	y := fmt.Sprintf("node: {name: a, state_dir: %s}\nadmin: {socket: %s}\nmesh: {bind: '%s:%d', quic: '%s:%d'}\ntrust: {authority: %q, certificate: %q}\nroles:\n  chat: {port: %d, upstream: 'http://127.0.0.1:9'}\n",
 		n.state, n.sock, ip, testnet.TCPUDPPort(t, ip), ip, testnet.UDPPort(t, ip),
-		identity.EncodeKey(n.authority.Public().(ed25519.PublicKey)), c.String(), testnet.TCPPort(t, ip))
+		identity.EncodeAuthorityKey(n.authority.Public().(ed25519.PublicKey)), c.String(), testnet.TCPPort(t, ip))
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
