@@ -69,9 +69,10 @@
 //     the hot path: its pool, the stale-connection check (peerClosed peeks
 //     for a FIN), the replay rule, and the response head parser bounded at
 //     maxResponseHead.
-//   - h1server.go, h1request.go, h1response.go: h1Server, the HTTP/1.1
-//     server of the loopback ports that replaces net/http's there: the
-//     connection's life, the watch for a client gone, the request parser
+//   - h1server.go, h1conn.go, h1request.go, h1response.go: h1Server, the
+//     HTTP/1.1 server of the loopback ports that replaces net/http's there:
+//     accept, admission and the drain (h1server.go), the connection's life
+//     and the watch for a client gone (h1conn.go), the request parser
 //     (stricter than net/http's where framing is ambiguous; the
 //     differential fuzzers in h1diff_test.go and h1fuzz_test.go say where
 //     and why) and the response writer (Content-Length or chunked).
