@@ -581,8 +581,10 @@ func TestRemoteRefusals(t *testing.T) {
 			} else if tt.aWhy != "" {
 				waitFor(t, "a refuses b's advert", func() bool { return a.audited(placement.AuditAdvertRefused, string(tt.aWhy)) })
 			} else {
-				// b never advertises: give it a few re-advertise periods.
-				time.Sleep(300 * time.Millisecond)
+				// b never advertises: wait until its advertiser has
+				// passed over its roles a few times.
+				rounds := b.agent.Mesh().GossipStats().AdvertRounds
+				waitFor(t, "b's advertiser runs", func() bool { return b.agent.Mesh().GossipStats().AdvertRounds >= rounds+3 })
 			}
 			if !tt.aResolves && !a.resolvesTo("chat") {
 				t.Fatalf("a resolves chat to a remote, want none")

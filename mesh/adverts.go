@@ -386,6 +386,7 @@ func (m *Mesh) advertiseLoop() {
 }
 
 func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
+	defer m.stats.advertRounds.Add(1)
 	if m.sink == nil {
 		return
 	}

@@ -21,6 +21,10 @@ type GossipStats struct {
 	// because memberlist's broadcasts left no room for them (see
 	// advertgossip.go).
 	AdvertDirectSends uint64
+	// AdvertRounds counts the advertiser's passes over the local roles
+	// (one per gossip interval, whether or not one was due): what a check
+	// that something was never advertised waits past.
+	AdvertRounds uint64
 }
 
 type gossipStats struct {
@@ -33,6 +37,7 @@ type gossipStats struct {
 	advertDirectSends    atomic.Uint64
 	backPushPulls        atomic.Uint64 // push/pulls with a peer back alive (peerBack)
 	refutes              atomic.Uint64 // suspicions or deaths of ours memberlist refuted (noteRefuted)
+	advertRounds         atomic.Uint64 // advertiseOnce calls
 }
 
 // GossipStats returns the counters since New.
@@ -44,6 +49,7 @@ func (m *Mesh) GossipStats() GossipStats {
 		DigestsReceived:      m.stats.digestsReceived.Load(),
 		AntiEntropyPushPulls: m.stats.antiEntropyPushPulls.Load(),
 		AdvertDirectSends:    m.stats.advertDirectSends.Load(),
+		AdvertRounds:         m.stats.advertRounds.Load(),
 	}
 }
 

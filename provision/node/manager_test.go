@@ -14,11 +14,13 @@ type fakeMembership struct {
 	mu      sync.Mutex
 	members map[string]MemberState
 	adverts map[string]bool // node/role
+	polls   int             // Member calls: one per poll of the manager
 }
 
 func (f *fakeMembership) Member(name string) (MemberState, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.polls++
 	m, ok := f.members[name]
 	return m, ok
 }
@@ -82,9 +84,31 @@ func TestManagerConvergesOnlyOnTheRightKeyAndAdverts(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	// pollsPast waits until the manager has made two whole polls since
+	// now (a third has begun), so a phase checked after it was decided on
+	// what was set before.
+	pollsPast := func() {
+		t.Helper()
+		mem.mu.Lock()
+		from := mem.polls
+		mem.mu.Unlock()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mem.mu.Lock()
+			n := mem.polls
+			mem.mu.Unlock()
+			if n >= from+3 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the manager polled %d times in 10s, want 3", n-from)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	waitRecord(PhaseWaitingForJoin)
 	mem.set("gpu-7", MemberState{PublicKey: "someone else's key", Admitted: true}, "chat")
-	time.Sleep(50 * time.Millisecond) // several polls: none may count this as joined
+	pollsPast() // none may count this as joined
 	if r, _ := intents.get("gpu-7"); r.Phase != PhaseWaitingForJoin {
 		t.Fatalf("phase %s with the wrong key, want waiting_for_join", r.Phase)
 	}
@@ -92,7 +116,7 @@ func TestManagerConvergesOnlyOnTheRightKeyAndAdverts(t *testing.T) {
 	mem.adverts = map[string]bool{}
 	mem.mu.Unlock()
 	mem.set("gpu-7", MemberState{PublicKey: fakeNodeKey, Admitted: true})
-	time.Sleep(50 * time.Millisecond)
+	pollsPast()
 	if r, _ := intents.get("gpu-7"); r.Phase != PhaseWaitingForJoin {
 		t.Fatalf("phase %s without the chat advert, want waiting_for_join", r.Phase)
 	}
