@@ -15,6 +15,7 @@ import (
 
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/internal/leakcheck"
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 func TestMain(m *testing.M) {
@@ -52,13 +53,7 @@ func runAgent(t *testing.T, cfg *Config, opts Options) *Agent {
 // bound for a machine with a load average of 15 under -race, not a speed.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, what, 30*time.Second, cond)
 }
 
 // demoDevModel is dev mode's model as cmd/infermeshd wires it: the

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"
@@ -82,13 +83,7 @@ func postBody(t *testing.T, ts *httptest.Server, path string, body io.Reader) (i
 // loaded machine, not a speed).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, what, 30*time.Second, cond)
 }
 
 func TestChatCompletion(t *testing.T) {

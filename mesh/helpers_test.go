@@ -15,6 +15,7 @@ import (
 
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/leakcheck"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -219,14 +220,7 @@ func (n *testNode) refusals(why string) uint64 { return n.m.Refusals()[why] }
 // machine, not a speed the test asserts.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	timeout = max(timeout*loadFactor, 15*time.Second)
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, what, max(timeout*loadFactor, 15*time.Second), cond)
 }
 
 // loadFactor stretches the tests' waits for a loaded machine.

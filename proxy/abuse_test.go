@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -103,13 +104,7 @@ func raiseNoFile(t *testing.T) int {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, what, 20*time.Second, cond)
 }
 
 // TestAbuseIdleConnections: thousands of idle connections, more than the

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
 )
@@ -253,12 +254,7 @@ func TestFirstTokenIsTheFirstEvent(t *testing.T) {
 // waitFor polls cond for up to a minute (a loaded machine).
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, "the condition", time.Minute, cond)
 }
 
 func scrape(t *testing.T, m *Metrics) string {

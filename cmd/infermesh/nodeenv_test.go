@@ -23,6 +23,7 @@ import (
 	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
 	"github.com/infermesh/infermesh/internal/testbin"
 	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testproc"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"
@@ -196,13 +197,7 @@ func (e *nodeEnv) startAgent(name string) (*agent.Agent, string) {
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, what, timeout, cond)
 }
 
 // nodeEvents parses an NDJSON node stream.

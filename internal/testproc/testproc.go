@@ -36,8 +36,10 @@ func Alive(pid int) bool {
 	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
 }
 
-// WaitUntil polls cond every 20ms until it holds, failing the test when it
-// does not within d.
+// WaitUntil polls cond every 10ms until it holds, failing the test when it
+// does not within d: the one poll of the tests (each package's waitFor or
+// eventually only fixes its bound). d is a bound for a loaded machine,
+// never a speed the test asserts.
 func WaitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -45,7 +47,7 @@ func WaitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

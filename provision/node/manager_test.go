@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infermesh/infermesh/internal/testproc"
 )
 
 // fakeMembership answers from fixed state, changeable under its lock.
@@ -73,38 +75,19 @@ func TestManagerConvergesOnlyOnTheRightKeyAndAdverts(t *testing.T) {
 	}()
 	waitRecord := func(phase Phase) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if r, ok := intents.get("gpu-7"); ok && r.Phase == phase {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the node never reached %s", phase)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testproc.WaitUntil(t, "the node to reach "+string(phase), 30*time.Second, func() bool {
+			r, ok := intents.get("gpu-7")
+			return ok && r.Phase == phase
+		})
 	}
 	// pollsPast waits until the manager has made two whole polls since
 	// now (a third has begun), so a phase checked after it was decided on
 	// what was set before.
 	pollsPast := func() {
 		t.Helper()
-		mem.mu.Lock()
-		from := mem.polls
-		mem.mu.Unlock()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			mem.mu.Lock()
-			n := mem.polls
-			mem.mu.Unlock()
-			if n >= from+3 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the manager polled %d times in 10s, want 3", n-from)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		polls := func() int { mem.mu.Lock(); defer mem.mu.Unlock(); return mem.polls }
+		from := polls()
+		testproc.WaitUntil(t, "three membership polls", 30*time.Second, func() bool { return polls() >= from+3 })
 	}
 	waitRecord(PhaseWaitingForJoin)
 	mem.set("gpu-7", MemberState{PublicKey: "someone else's key", Admitted: true}, "chat")
@@ -167,16 +150,10 @@ func TestManagerCloseTearsDownAddsInFlight(t *testing.T) {
 		_, err := m.Add(context.Background(), testSpec(KindDocker), fixed(testInstall()), nil)
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r, ok := intents.get("gpu-7"); ok && r.Phase == PhaseWaitingForJoin {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the add never waited for its join")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testproc.WaitUntil(t, "the add to wait for its join", 30*time.Second, func() bool {
+		r, ok := intents.get("gpu-7")
+		return ok && r.Phase == PhaseWaitingForJoin
+	})
 	m.Close()
 	if err := <-done; !errors.Is(err, ErrBootstrap) {
 		t.Errorf("Add after Close = %v, want the cancelled bootstrap", err)
