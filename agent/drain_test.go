@@ -127,9 +127,7 @@ func TestRemoteDrainDeadlineAborts(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	tm.shutdown = 300 * time.Millisecond
 	ub := startUpstream(t, "model-b", 20*time.Millisecond) // 400 tokens: 8s
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -433,9 +433,7 @@ func (ri *recordingInstance) last() (http.Header, string, int) {
 func TestServingSideAppliesTheMeshAllowlist(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ri := startRecordingInstance(t, "model-b")
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ri.testUpstream, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, b := tm.chatFromB(ri.testUpstream)
 	tm.admitEachOther("a", "b")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -869,9 +867,7 @@ func TestAgentHeadersComeFromTheAgent(t *testing.T) {
 			_, _ = io.WriteString(w, `{"id":"1","object":"chat.completion","model":"chat","choices":[]}`)
 		})
 		ub := startUpstream(t, "model-b", 0)
-		a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-		tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-		waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+		a, _ := tm.chatFromB(ub)
 		tm.admitEachOther("a", "b")
 		check(t, a.url("chat"), "b", true)
 		var servedBy []string

@@ -24,9 +24,7 @@ func remoteEntry(n *meshNode, role, node string) (placement.RemoteEntry, bool) {
 func TestAdvertisedLoadIsInFlight(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ub := startUpstream(t, "model-b", 20_000_000) // 20ms a token: a long stream
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 	resp, err := http.Post(a.url("chat")+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {

@@ -788,9 +788,7 @@ func TestRemotePeerKilledMidStreamAborts(t *testing.T) {
 func TestRemoteClientCancelReachesPeerUpstream(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ub := startUpstream(t, "model-b", 20*time.Millisecond)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -883,9 +881,7 @@ func TestRouteHintsANearRoleName(t *testing.T) {
 func TestRequestIDAndServedByAcrossTheMesh(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ub := startUpstream(t, "model-b", 0)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 	for i, sent := range []string{"app-trace-42", ""} {
 		req, _ := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
 			strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
@@ -964,9 +960,7 @@ func TestSharedPortAcrossTheMesh(t *testing.T) {
 func TestRemoteHopForwardsTheAppsUserAgentOnly(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ub := startUpstream(t, "model-b", 0)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 	client := &http.Client{Timeout: 10 * time.Second}
 	for _, ua := range []string{"", "app/1.0"} {
 		req, err := http.NewRequest(http.MethodPost, a.url("chat")+"/v1/chat/completions",
@@ -989,4 +983,15 @@ func TestRemoteHopForwardsTheAppsUserAgentOnly(t *testing.T) {
 	if got, want := ub.seenAgents(), []string{"", "app/1.0"}; !slices.Equal(got, want) {
 		t.Errorf("b's instance saw User-Agents %q, want %q", got, want)
 	}
+}
+
+// chatFromB starts the pair most remote tests need: b serves chat (model
+// model-b, from up) and exposes it to a, which accepts chat from b. It
+// returns once a resolves chat to b.
+func (tm *testMesh) chatFromB(up *testUpstream) (a, b *meshNode) {
+	tm.t.Helper()
+	a = tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	b = tm.start("b", map[string]roleSpec{"chat": {upstream: up, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(tm.t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	return a, b
 }

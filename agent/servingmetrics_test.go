@@ -24,9 +24,7 @@ func exposition(t *testing.T, a *Agent) string {
 func TestServingMetricsAcrossTheMesh(t *testing.T) {
 	tm := newTestMesh(t, "a", "b")
 	ub := startUpstream(t, "model-b", 0)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	b := tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, b := tm.chatFromB(ub)
 	resp, err := http.Post(a.url("chat")+"/v1/chat/completions", "application/json", strings.NewReader(
 		`{"model":"chat","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {

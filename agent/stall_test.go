@@ -158,9 +158,7 @@ func TestRemoteSlowRequestOnDrainingPeerIsNotCut(t *testing.T) {
 func slowPeer(t *testing.T, tm *testMesh) (*meshNode, *testUpstream) {
 	t.Helper()
 	ub := startUpstream(t, "model-b", 450*time.Millisecond)
-	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
-	tm.start("b", map[string]roleSpec{"chat": {upstream: ub, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
-	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	a, _ := tm.chatFromB(ub)
 	return a, ub
 }
 
