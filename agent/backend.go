@@ -64,6 +64,9 @@ type MeshAPI interface {
 	LoadRevocations(rs []*identity.Revocation) error
 	Revocation(subject string) (*identity.Revocation, bool)
 	SpreadRevocation(ctx context.Context, p mesh.RevocationPusher, r *identity.Revocation) mesh.SpreadResult
+	// ReofferUnlisted puts into placement an advert held but refused as
+	// not allowlisted, once the allowlist lets its origin in.
+	ReofferUnlisted(role, origin string) bool
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.

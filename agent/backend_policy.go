@@ -61,7 +61,15 @@ func (b *Backend) applyLocked() (effectivePolicy, error) {
 		}
 	}
 	reconcile(snap.Serve, p.serve, t.AllowMeshPeer)
-	reconcile(snap.Allow, p.accept, t.AllowRemoteNode)
+	reconcile(snap.Allow, p.accept, func(role, node string, on bool) {
+		t.AllowRemoteNode(role, node, on)
+		if on && b.mesh != nil {
+			// An advert heard before this (a peer's push/pull at start-up
+			// comes before the stored policy) is in placement now, not at
+			// the peer's next refresh.
+			b.mesh.ReofferUnlisted(role, node)
+		}
+	})
 
 	if b.mesh != nil {
 		// Signed statements first: the mesh keeps the newest it holds

@@ -415,6 +415,7 @@ func (f *fakeMesh) Revocation(string) (*identity.Revocation, bool) { return nil,
 func (f *fakeMesh) SpreadRevocation(context.Context, mesh.RevocationPusher, *identity.Revocation) mesh.SpreadResult {
 	return mesh.SpreadResult{}
 }
+func (f *fakeMesh) ReofferUnlisted(string, string) bool { return false }
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()

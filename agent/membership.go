@@ -84,6 +84,7 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	cfg.Trust = trust
 	cfg.AdvertTTL = mc.AdvertTTL
 	cfg.Sink = a.table
+	cfg.Admission = &a.admission
 	cfg.Audit = a.audit
 	cfg.Logger = a.log.Named("mesh")
 	if a.opts.MeshTuning != nil {
@@ -93,7 +94,6 @@ func (a *Agent) startMesh(ctx context.Context) (*mesh.Mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.admission.Bind(m)
 	return m, nil
 }
 

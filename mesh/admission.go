@@ -253,12 +253,13 @@ func (m *Mesh) enforceAdmission() {
 
 // AdmissionProxy lets a placement table be built before the Mesh that
 // admits for it (the Mesh needs the table as its Sink): give the table the
-// proxy, then Bind the Mesh. Until bound, nothing is admitted.
+// proxy, then Bind the Mesh, or name the proxy in Config.Admission. Until
+// bound, nothing is admitted.
 type AdmissionProxy struct{ m atomic.Pointer[Mesh] }
 
 var _ placement.Admission = (*AdmissionProxy)(nil)
 
-// Bind makes the proxy answer for m.
+// Bind makes the proxy answer for m (nil: for none).
 func (a *AdmissionProxy) Bind(m *Mesh) { a.m.Store(m) }
 
 // IsAdmitted forwards to the bound Mesh; false while unbound.

@@ -122,6 +122,9 @@ type advertRecord struct {
 	withdrawn bool
 	received  time.Time
 	gone      bool // origin left, died or is no longer admitted
+	// unlisted: the sink refused it, its origin not allowlisted for the
+	// role; ReofferUnlisted offers it again once the policy changed.
+	unlisted bool
 }
 
 // handleAdvert verifies and applies one advert message; relay re-broadcasts
@@ -208,13 +211,15 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 	// copy: memberlist reuses NotifyMsg's buffer, and a push/pull buffer
 	// holds every other advert too.
 	msg = bytes.Clone(msg)
-	m.adverts[k] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
+	rec = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
+	m.adverts[k] = rec
 	m.noteOriginLocked(p.meta.key, body)
 	if m.sink != nil {
 		if body.Withdrawn {
 			m.sink.Withdraw(role, origin)
 		} else {
 			ingestErr = m.sink.IngestAdvertisement(origin, body.advert())
+			rec.unlisted = isUnlisted(ingestErr)
 		}
 	}
 	m.advMu.Unlock()
@@ -224,6 +229,41 @@ func (m *Mesh) handleAdvert(msg []byte, relay bool) {
 	if relay {
 		m.bcast.QueueBroadcast(&advertBroadcast{name: "advert/" + origin + "/" + role, msg: msg})
 	}
+}
+
+func isUnlisted(err error) bool {
+	var re *placement.RefusedError
+	return errors.As(err, &re) && re.Reason == placement.ReasonNotAllowlisted
+}
+
+// ReofferUnlisted offers the sink again origin's advert of role if the
+// sink refused it because origin was not allowlisted for the role, and
+// reports whether it took it now. Call it when the sink's allowlist let
+// origin in: an advert is otherwise heard again only at its origin's next
+// refresh, as a copy of one already held is not offered twice. (At
+// start-up, a peer's push/pull can arrive before the stored policy is
+// applied.) An advert whose TTL ran out since its receipt is not offered:
+// its origin's next refresh brings it back.
+func (m *Mesh) ReofferUnlisted(role, origin string) bool {
+	if m.sink == nil {
+		return false
+	}
+	m.advMu.Lock()
+	defer m.advMu.Unlock()
+	r := m.adverts[advertKey{origin, role}]
+	if r == nil || !r.unlisted || r.gone || r.withdrawn || r.msg == nil || time.Since(r.received) > m.cfg.AdvertTTL {
+		return false
+	}
+	body, _, _, err := decodeAdvert(r.msg)
+	if err != nil {
+		return false // verified at its receipt: cannot happen
+	}
+	err = m.sink.IngestAdvertisement(origin, body.advert())
+	if r.unlisted = isUnlisted(err); err != nil {
+		m.countPlacement(err)
+		return false
+	}
+	return true
 }
 
 // forgetOriginLocked drops what origin advertised from push/pull state,

@@ -150,6 +150,10 @@ type Config struct {
 	// Sink receives verified adverts and supplies ours. Nil: adverts are
 	// verified and relayed but not delivered, and none are sent.
 	Sink AdvertSink
+	// Admission, when the sink's admission is this proxy, is bound to the
+	// new Mesh before it starts gossip: the sink then judges the first
+	// push/pull's adverts by it, instead of refusing them as unadmitted.
+	Admission *AdmissionProxy
 	// Audit records refusals. Nil discards them.
 	Audit placement.AuditSink
 	// Logger. Nil means zap.NewNop().

@@ -223,7 +223,13 @@ func New(cfg Config) (*Mesh, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mesh config: %w", err)
 	}
+	if cfg.Admission != nil {
+		cfg.Admission.Bind(m)
+	}
 	if m.ml, err = memberlist.Create(mc); err != nil {
+		if cfg.Admission != nil {
+			cfg.Admission.Bind(nil)
+		}
 		return nil, fmt.Errorf("mesh: start memberlist: %w", err)
 	}
 	self := m.ml.LocalNode().Address()
