@@ -8,7 +8,8 @@
 // Where things are:
 //
 //	agent.go          Agent, Options, New and Run: the order of start-up and shut-down
-//	config.go         the YAML configuration: strict decoding, defaults, validation naming the field
+//	config.go         the YAML configuration: its schema, strict decoding, defaults
+//	config_validate.go  its validation, naming the field
 //	membership.go     the mesh membership: trust from the config, start, join, leave (package mesh)
 //	transport.go      the proxy's remote path over the QUIC transport, and the peer scorer
 //	provisioning.go   managed instances: specs from roles, the manager of the Docker and native

@@ -60,10 +60,11 @@
 //     and reference counted) and the memory budget of bodies in flight
 //     (memBudget; the first 64 KiB of each body are free).
 //   - shared.go: the shared port, one base URL for every role.
-//   - forward.go: forward, the attempts and their order, the headers that
-//     cross each hop (hopHeaders, MeshHeaders, PeerResponseHeaders), the
-//     request head written for the upstream client, respond, and the
+//   - forward.go: forward, the attempts and their order, respond, and the
 //     copies of a body to the client (copyFlush, copySSE).
+//   - headers.go: the headers that cross each hop (hopHeaders,
+//     MeshHeaders, PeerResponseHeaders) and the request head written for
+//     the upstream client.
 //   - upstream.go, upstream_unix.go, upstream_other.go: upstreamClient, the
 //     HTTP/1.1 client of local instances that replaces http.Transport on
 //     the hot path: its pool, the stale-connection check (peerClosed peeks
