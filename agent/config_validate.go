@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"fmt"
 	"net"
 	"net/url"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
@@ -30,12 +30,12 @@ func (c *Config) Validate() error {
 	if err := validNodeName(c.Node.Name); err != nil {
 		return fieldErr("node.name", "%v", err)
 	}
-	c.Node.StateDir = cmp.Or(c.Node.StateDir, DefaultStateDir)
-	c.Node.CacheDir = cmp.Or(c.Node.CacheDir, DefaultCacheDir)
+	defaults.Zero(&c.Node.StateDir, DefaultStateDir)
+	defaults.Zero(&c.Node.CacheDir, DefaultCacheDir)
 	if !filepath.IsAbs(c.Node.CacheDir) {
 		return fieldErr("node.cache_dir", "%q must be an absolute path", c.Node.CacheDir)
 	}
-	c.Site = cmp.Or(c.Site, DefaultSite)
+	defaults.Zero(&c.Site, DefaultSite)
 	if err := validNodeName(c.Site); err != nil {
 		return fieldErr("site", "%v", err)
 	}
@@ -60,7 +60,7 @@ func (c *Config) Validate() error {
 	if _, err := c.MeshTrust(); err != nil { // every key must parse, named by field
 		return err
 	}
-	c.Admin.Socket = cmp.Or(c.Admin.Socket, DefaultAdminSocket)
+	defaults.Zero(&c.Admin.Socket, DefaultAdminSocket)
 	if m := c.Admin.Metrics; m != "" && !loopbackHostPort(m) {
 		if !c.Admin.MetricsAllowRemote {
 			return fieldErr("admin.metrics", "%q is not a loopback host:port; set admin.metrics_allow_remote: true to serve metrics to the network", m)
@@ -150,23 +150,23 @@ func (c *Config) Validate() error {
 }
 
 func (m *MeshConfig) validate() error {
-	m.Cluster = cmp.Or(m.Cluster, DefaultCluster)
+	defaults.Zero(&m.Cluster, DefaultCluster)
 	if err := validNodeName(m.Cluster); err != nil {
 		return fieldErr("mesh.cluster", "%v", err)
 	}
-	m.GossipKeyring = cmp.Or(m.GossipKeyring, DefaultKeyring)
+	defaults.Zero(&m.GossipKeyring, DefaultKeyring)
 	if m.AdvertTTL < 0 {
 		return fieldErr("mesh.advert_ttl", "%v is negative", m.AdvertTTL)
 	}
-	m.AdvertTTL = cmp.Or(m.AdvertTTL, placement.DefaultAdvertTTL)
+	defaults.Zero(&m.AdvertTTL, placement.DefaultAdvertTTL)
 	if m.MaxStreamsPerPeer < 0 {
 		return fieldErr("mesh.max_streams_per_peer", "%d is negative", m.MaxStreamsPerPeer)
 	}
-	m.MaxStreamsPerPeer = cmp.Or(m.MaxStreamsPerPeer, mesh.DefaultMaxStreamsPerPeer)
+	defaults.Zero(&m.MaxStreamsPerPeer, mesh.DefaultMaxStreamsPerPeer)
 	if m.MaxConnsPerPeer < 0 {
 		return fieldErr("mesh.max_conns_per_peer", "%d is negative", m.MaxConnsPerPeer)
 	}
-	m.MaxConnsPerPeer = cmp.Or(m.MaxConnsPerPeer, mesh.DefaultMaxConnsPerPeer)
+	defaults.Zero(&m.MaxConnsPerPeer, mesh.DefaultMaxConnsPerPeer)
 	for name, v := range map[string]string{"mesh.bind": m.Bind, "mesh.advertise": m.Advertise, "mesh.quic": m.QUIC, "mesh.quic_advertise": m.QUICAdvertise} {
 		if v == "" {
 			continue
@@ -263,8 +263,8 @@ func (p *ProxyConfig) validate() error {
 	if s := p.AccessLogSample; s != nil && (*s < 0 || *s > 1) {
 		return fieldErr("proxy.access_log_sample", "%v is not a fraction from 0 to 1", *s)
 	}
-	p.ShutdownTimeout = cmp.Or(p.ShutdownTimeout, defaultShutdown)
-	p.HealthInterval = cmp.Or(p.HealthInterval, defaultHealthPeriod)
+	defaults.Zero(&p.ShutdownTimeout, defaultShutdown)
+	defaults.Zero(&p.HealthInterval, defaultHealthPeriod)
 	return nil
 }
 
@@ -325,7 +325,7 @@ func (in *InstanceConfig) validate(f string) error {
 	if in.Port < 1 || in.Port > 65535 {
 		return fieldErr(f+".port", "%d is not a port (1-65535)", in.Port)
 	}
-	in.Health = cmp.Or(in.Health, "/health")
+	defaults.Zero(&in.Health, "/health")
 	if !strings.HasPrefix(in.Health, "/") {
 		return fieldErr(f+".health", "%q must be a path starting with /", in.Health)
 	}
@@ -349,17 +349,13 @@ func (in *InstanceConfig) validate(f string) error {
 	if in.StartupTimeout < 0 {
 		return fieldErr(f+".startup_timeout", "%v is negative", in.StartupTimeout)
 	}
-	in.StartupTimeout = cmp.Or(in.StartupTimeout, defaultStartupTimeout)
+	defaults.Zero(&in.StartupTimeout, defaultStartupTimeout)
 	if in.Restart.Max < 0 {
 		return fieldErr(f+".restart.max", "%d is negative", in.Restart.Max)
 	}
-	in.Restart.Max = cmp.Or(in.Restart.Max, 5)
-	if in.Restart.Window <= 0 {
-		in.Restart.Window = 10 * time.Minute
-	}
-	if in.Restart.Backoff <= 0 {
-		in.Restart.Backoff = 2 * time.Second
-	}
+	defaults.Zero(&in.Restart.Max, 5)
+	defaults.Positive(&in.Restart.Window, 10*time.Minute)
+	defaults.Positive(&in.Restart.Backoff, 2*time.Second)
 	return nil
 }
 

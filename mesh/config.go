@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -199,26 +200,26 @@ func DefaultConfig() Config {
 // withDefaults fills zero fields and validates; errors name the field.
 func (c Config) withDefaults() (Config, error) {
 	d := DefaultConfig()
-	c.NodeName = cmp.Or(c.NodeName, d.NodeName)
-	c.Cluster = cmp.Or(c.Cluster, d.Cluster)
-	c.BindAddr = cmp.Or(c.BindAddr, d.BindAddr)
-	c.AdvertTTL = cmp.Or(c.AdvertTTL, d.AdvertTTL)
-	c.GossipInterval = cmp.Or(c.GossipInterval, d.GossipInterval)
-	c.GossipNodes = cmp.Or(c.GossipNodes, d.GossipNodes)
-	c.ProbeInterval = cmp.Or(c.ProbeInterval, d.ProbeInterval)
-	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, d.ProbeTimeout)
-	c.PushPullInterval = cmp.Or(c.PushPullInterval, d.PushPullInterval)
-	c.AntiEntropyInterval = cmp.Or(c.AntiEntropyInterval, d.AntiEntropyInterval)
-	c.TCPTimeout = cmp.Or(c.TCPTimeout, d.TCPTimeout)
-	c.JoinBackoff = cmp.Or(c.JoinBackoff, d.JoinBackoff)
-	c.JoinMaxBackoff = cmp.Or(c.JoinMaxBackoff, d.JoinMaxBackoff)
-	c.RejoinInterval = cmp.Or(c.RejoinInterval, d.RejoinInterval)
-	c.RejoinMaxBackoff = cmp.Or(c.RejoinMaxBackoff, d.RejoinMaxBackoff)
-	c.ReconnectTimeout = cmp.Or(c.ReconnectTimeout, d.ReconnectTimeout)
-	c.ConfirmTimeout = cmp.Or(c.ConfirmTimeout, d.ConfirmTimeout)
-	c.ConfirmInterval = cmp.Or(c.ConfirmInterval, d.ConfirmInterval)
-	c.SuspicionMult = cmp.Or(c.SuspicionMult, d.SuspicionMult)
-	c.RetransmitMult = cmp.Or(c.RetransmitMult, d.RetransmitMult)
+	defaults.Zero(&c.NodeName, d.NodeName)
+	defaults.Zero(&c.Cluster, d.Cluster)
+	defaults.Zero(&c.BindAddr, d.BindAddr)
+	defaults.Zero(&c.AdvertTTL, d.AdvertTTL)
+	defaults.Zero(&c.GossipInterval, d.GossipInterval)
+	defaults.Zero(&c.GossipNodes, d.GossipNodes)
+	defaults.Zero(&c.ProbeInterval, d.ProbeInterval)
+	defaults.Zero(&c.ProbeTimeout, d.ProbeTimeout)
+	defaults.Zero(&c.PushPullInterval, d.PushPullInterval)
+	defaults.Zero(&c.AntiEntropyInterval, d.AntiEntropyInterval)
+	defaults.Zero(&c.TCPTimeout, d.TCPTimeout)
+	defaults.Zero(&c.JoinBackoff, d.JoinBackoff)
+	defaults.Zero(&c.JoinMaxBackoff, d.JoinMaxBackoff)
+	defaults.Zero(&c.RejoinInterval, d.RejoinInterval)
+	defaults.Zero(&c.RejoinMaxBackoff, d.RejoinMaxBackoff)
+	defaults.Zero(&c.ReconnectTimeout, d.ReconnectTimeout)
+	defaults.Zero(&c.ConfirmTimeout, d.ConfirmTimeout)
+	defaults.Zero(&c.ConfirmInterval, d.ConfirmInterval)
+	defaults.Zero(&c.SuspicionMult, d.SuspicionMult)
+	defaults.Zero(&c.RetransmitMult, d.RetransmitMult)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -233,7 +234,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("StateDir: required")
 	}
 	c.KeyFile = cmp.Or(c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
-	c.KeyringPath = cmp.Or(c.KeyringPath, DefaultKeyringFile)
+	defaults.Zero(&c.KeyringPath, DefaultKeyringFile)
 	if !filepath.IsAbs(c.KeyringPath) {
 		c.KeyringPath = filepath.Join(c.StateDir, c.KeyringPath)
 	}

@@ -1,7 +1,6 @@
 package mesh
 
 import (
-	"cmp"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/identity"
+	"github.com/infermesh/infermesh/internal/defaults"
 )
 
 // PeerDirectory is where the transport learns which peers exist: where to
@@ -155,13 +155,13 @@ func (c TransportConfig) withDefaults() (TransportConfig, error) {
 	if c.MaxConnsPerPeer < 0 {
 		return c, errors.New("MaxConnsPerPeer: negative")
 	}
-	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
-	c.KeepAlivePeriod = cmp.Or(c.KeepAlivePeriod, d.KeepAlivePeriod)
-	c.MaxIdleTimeout = cmp.Or(c.MaxIdleTimeout, d.MaxIdleTimeout)
-	c.RecheckInterval = cmp.Or(c.RecheckInterval, d.RecheckInterval)
-	c.MaxStreamsPerPeer = cmp.Or(c.MaxStreamsPerPeer, d.MaxStreamsPerPeer)
-	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, d.MaxConnsPerPeer)
-	c.BodyTimeout = cmp.Or(c.BodyTimeout, d.BodyTimeout)
+	defaults.Zero(&c.HandshakeTimeout, d.HandshakeTimeout)
+	defaults.Zero(&c.KeepAlivePeriod, d.KeepAlivePeriod)
+	defaults.Zero(&c.MaxIdleTimeout, d.MaxIdleTimeout)
+	defaults.Zero(&c.RecheckInterval, d.RecheckInterval)
+	defaults.Zero(&c.MaxStreamsPerPeer, d.MaxStreamsPerPeer)
+	defaults.Zero(&c.MaxConnsPerPeer, d.MaxConnsPerPeer)
+	defaults.Zero(&c.BodyTimeout, d.BodyTimeout)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -148,8 +149,8 @@ func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
 	if cfg.HeaderTimeout < 0 {
 		return nil, errors.New("peer score config: HeaderTimeout is negative")
 	}
-	cfg.FirstByte = cmp.Or(cfg.FirstByte, d.FirstByte)
-	cfg.HeaderTimeout = cmp.Or(cfg.HeaderTimeout, d.HeaderTimeout)
+	defaults.Zero(&cfg.FirstByte, d.FirstByte)
+	defaults.Zero(&cfg.HeaderTimeout, d.HeaderTimeout)
 	if cfg.RefusalMemory == 0 {
 		cfg.RefusalMemory = d.RefusalMemory
 	}

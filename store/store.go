@@ -49,6 +49,8 @@ import (
 
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/infermesh/infermesh/internal/defaults"
 )
 
 // FileName is the database file in the state dir.
@@ -194,9 +196,7 @@ type Store struct {
 // opts.Reset. A database held by another process returns an error wrapping
 // ErrLocked after Options.LockTimeout.
 func Open(path string, opts Options) (*Store, error) {
-	if opts.LockTimeout <= 0 {
-		opts.LockTimeout = time.Second
-	}
+	defaults.Positive(&opts.LockTimeout, time.Second)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state store: %w", err)
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/infermesh/infermesh/internal/defaults"
 )
 
 // Socket and directory modes.
@@ -81,9 +83,7 @@ func Listen(c ListenConfig) (*net.UnixListener, error) {
 	if c.DirMode == 0 {
 		c.DirMode = DefaultDirMode
 	}
-	if c.ProbeTimeout <= 0 {
-		c.ProbeTimeout = time.Second
-	}
+	defaults.Positive(&c.ProbeTimeout, time.Second)
 	gid := -1
 	if c.Group != "" {
 		g, err := LookupGroup(c.Group)

@@ -6,9 +6,11 @@
 //	defaults.Zero(&c.Name, d.Name)
 //
 // Which test means "unset" is the caller's choice and is part of the
-// field's documented contract: Positive for durations, counts and sizes
-// (zero or negative means the default), Zero for strings and other
-// comparable values (the zero value means the default).
+// field's documented contract: Positive where zero or negative means the
+// default, Zero where only the zero value does (strings, and numbers whose
+// negative values the config refuses as errors, checked apart). Every
+// package fills its config's defaults through these two, not cmp.Or or a
+// hand-written comparison.
 package defaults
 
 // Number is what Positive accepts: durations, counts and sizes.

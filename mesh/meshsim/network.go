@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/infermesh/infermesh/internal/defaults"
 )
 
 // ErrNoRoute is returned for a dial or packet to an address no live
@@ -73,9 +75,7 @@ func (n *Network) NewTransport() *Transport {
 	i := n.next
 	ip := net.IPv4(10, byte(i>>16), byte(i>>8), byte(i))
 	q := n.QueueLen
-	if q <= 0 {
-		q = DefaultQueueLen
-	}
+	defaults.Positive(&q, DefaultQueueLen)
 	t := &Transport{
 		net:      n,
 		addr:     &net.UDPAddr{IP: ip, Port: 7946},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/mesh/meshbench"
 )
@@ -102,9 +103,7 @@ func (r Result) String() string {
 func Run(ctx context.Context, opt Options) (res Result, err error) {
 	res.N = opt.N
 	res.TimeScale = max(opt.TimeScale, 1)
-	if opt.Window <= 0 {
-		opt.Window = 5 * time.Second
-	}
+	defaults.Positive(&opt.Window, 5*time.Second)
 	k := max(opt.TimeScale, 1)
 	dilate := func(d time.Duration) time.Duration { return time.Duration(float64(d) * k) }
 	sim := func(d time.Duration) time.Duration { return time.Duration(float64(d) / k) }
