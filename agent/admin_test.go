@@ -17,7 +17,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"

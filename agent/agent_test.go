@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/demomodel"
-	"github.com/infermesh/infermesh/internal/leakcheck"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 func TestMain(m *testing.M) {

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/mesh"
 )
 

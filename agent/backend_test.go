@@ -14,7 +14,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/mesh"
 )
 

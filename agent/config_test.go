@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/provision"
 )
 

@@ -3,7 +3,7 @@ package agent
 import (
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/depstest"
+	"github.com/infermesh/infermesh/internal/testing/depstest"
 )
 
 // TestAgentDoesNotLinkTheDemoModel: the production daemon carries no demo

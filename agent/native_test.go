@@ -20,9 +20,9 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/internal/testbin"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 

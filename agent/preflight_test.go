@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/store"
 )
 

@@ -19,8 +19,8 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/demomodel"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // TestReloadStopWithAgent: a reload that changes stop_with_agent decides

@@ -29,7 +29,7 @@ import (
 
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"

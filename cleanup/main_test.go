@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/leakcheck"
-	"github.com/infermesh/infermesh/internal/testbin"
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 )
 
 // runID makes this run's site names unique on the shared engine.
@@ -17,7 +17,7 @@ var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff)
 
 var siteSeq atomic.Int64
 
-// testImage is this run's demo image (internal/testimage), removed at the
+// testImage is this run's demo image (internal/testing/testimage), removed at the
 // end.
 var testImage = fmt.Sprintf("%s-cleanup-%s", testimage.Tag, runID)
 

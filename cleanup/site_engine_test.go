@@ -23,8 +23,8 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"

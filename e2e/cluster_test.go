@@ -24,8 +24,8 @@ import (
 	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/nodeimage"
-	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
-	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testing/nodetest"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
 )
 
 const labelRun = "io.infermesh.e2e"

@@ -3,7 +3,7 @@ package identity
 import (
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/depstest"
+	"github.com/infermesh/infermesh/internal/testing/depstest"
 )
 
 // TestIdentityIsALeaf: identity imports nothing of ours and no network

@@ -3,7 +3,7 @@ package placement
 import (
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/depstest"
+	"github.com/infermesh/infermesh/internal/testing/depstest"
 )
 
 // TestPlacementImportsNothingOfOurs: placement is pure data and policy at

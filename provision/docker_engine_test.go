@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 	"io"
 	"net"
 	"net/http"

@@ -13,7 +13,7 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 )
 
 // Whichever call of a fresh DockerClient comes first, it is made at the API

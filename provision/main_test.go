@@ -16,14 +16,14 @@ import (
 	"github.com/docker/docker/api/types/network"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/infermesh/infermesh/internal/leakcheck"
-	"github.com/infermesh/infermesh/internal/testbin"
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 	"github.com/infermesh/infermesh/placement"
 )
 
 // testImage is the image the engine tests run, built FROM scratch from the
-// static demo model binary and the test helpers (internal/testimage). Its
+// static demo model binary and the test helpers (internal/testing/testimage). Its
 // default command serves the demo model on 0.0.0.0:8080. The tag is unique
 // to this test run, so a build in another work tree cannot swap the image
 // under a running test, and it is removed when the tests end.

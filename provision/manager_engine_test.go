@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 	"io"
 	"net/http"
 	"os"

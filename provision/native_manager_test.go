@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // nativeMgr is a Manager of native instances.

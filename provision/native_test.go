@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // nativeEnv is one node's native runtime in temporary directories.

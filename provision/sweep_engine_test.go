@@ -13,7 +13,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // socketProxy forwards connections on a unix socket to the real Docker

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/infermesh/infermesh/placement"
 )
 

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infermesh/infermesh/demomodel"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/proxy"
 )

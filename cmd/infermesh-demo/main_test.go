@@ -24,7 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infermesh/infermesh/demomodel"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 func TestMain(m *testing.M) {

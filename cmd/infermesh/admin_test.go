@@ -11,7 +11,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/admin/admintest"
-	"github.com/infermesh/infermesh/internal/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")

@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/depstest"
+	"github.com/infermesh/infermesh/internal/testing/depstest"
 )
 
 // TestCLIDoesNotLinkTheMesh: the CLI talks to the agent over its admin

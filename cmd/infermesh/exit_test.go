@@ -10,7 +10,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/admin/admintest"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // TestExitCodes: scripts tell a typo, an agent that is down and a refusal

@@ -15,7 +15,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 )
 
 // TestOneFingerprintPerGossipKey: for one gossip key, the CLI (through the

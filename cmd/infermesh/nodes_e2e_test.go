@@ -27,7 +27,7 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/nodeimage"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/provision/node"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent"
 	"github.com/infermesh/infermesh/agent/admin"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 )
 
 // startRealAgent runs a real agent on the config file at path (Run opens

@@ -18,10 +18,10 @@ import (
 	"github.com/docker/docker/api/types/image"
 
 	"github.com/infermesh/infermesh/cleanup"
-	"github.com/infermesh/infermesh/internal/testbin"
-	"github.com/infermesh/infermesh/internal/testimage"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 	"github.com/infermesh/infermesh/provision"
 )
 

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/configs"
-	"github.com/infermesh/infermesh/internal/testnet"
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // readNotify reads sd_notify datagrams until one is not a file descriptor

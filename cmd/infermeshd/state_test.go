@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/store"
 )
 

@@ -22,8 +22,8 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/configs"
 	"github.com/infermesh/infermesh/internal/nodeimage"
-	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
-	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testing/nodetest"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
 	"github.com/infermesh/infermesh/provision"
 )
 

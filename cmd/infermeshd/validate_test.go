@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/infermesh/infermesh/identity"
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 )
 
 // certNode is a node a with a mesh on loopback, its node key and keyring

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/infermesh/infermesh/configs"
-	"github.com/infermesh/infermesh/internal/leakcheck"
-	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
 	"github.com/infermesh/infermesh/provision"
 )
 

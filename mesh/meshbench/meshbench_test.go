@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
 	"github.com/infermesh/infermesh/mesh"
 )
 

@@ -6,7 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/infermesh/infermesh/internal/testimage"
+	"github.com/infermesh/infermesh/internal/testing/testimage"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +18,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/infermesh/infermesh/internal/nodeimage"
-	"github.com/infermesh/infermesh/internal/nodeimage/nodetest"
+	"github.com/infermesh/infermesh/internal/testing/nodetest"
 	"github.com/infermesh/infermesh/provision"
 )
 

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/leakcheck"
+	"github.com/infermesh/infermesh/internal/testing/leakcheck"
 )
 
 func runTests(m *testing.M) {

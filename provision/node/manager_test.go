@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testproc"
+	"github.com/infermesh/infermesh/internal/testing/testproc"
 )
 
 // fakeMembership answers from fixed state, changeable under its lock.

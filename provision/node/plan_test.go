@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
 )
 
 func TestNewPlan(t *testing.T) {

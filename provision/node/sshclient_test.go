@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infermesh/infermesh/internal/testnet"
+	"github.com/infermesh/infermesh/internal/testing/testnet"
 )
 
 // TestSSHConnectNamesItsCause: a Connect that gives up says why, at the

@@ -22,7 +22,7 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 
-	"github.com/infermesh/infermesh/internal/testbin"
+	"github.com/infermesh/infermesh/internal/testing/testbin"
 )
 
 // Tag is the image tag tests use.
