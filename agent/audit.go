@@ -7,18 +7,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/placement"
 )
 
 // Event is one audited happening: a policy change, a refusal, a join or a
-// leave. It is logged and fanned out to `infermesh events` followers.
-type Event struct {
-	Time   time.Time         `json:"time"`
-	Kind   string            `json:"kind"`
-	Role   string            `json:"role,omitempty"`
-	Node   string            `json:"node,omitempty"`
-	Fields map[string]string `json:"fields,omitempty"`
-}
+// leave. It is logged and fanned out to `infermesh events` followers, in
+// the admin API's own form.
+type Event = admin.Event
 
 // Auditor logs audit events and fans them out to subscribers. Record never
 // blocks: a subscriber that does not keep up loses events; the loss is

@@ -33,8 +33,10 @@ func (b *Backend) Events(ctx context.Context, o admin.EventsOptions, fn func(adm
 	}
 }
 
+// adminEvent is e as the admin API sends it: its time in UTC.
 func adminEvent(e Event) admin.Event {
-	return admin.Event{Time: e.Time.UTC(), Kind: e.Kind, Role: e.Role, Node: e.Node, Fields: e.Fields}
+	e.Time = e.Time.UTC()
+	return e
 }
 
 // lastN returns the last n of es (all of them when n < 1).
