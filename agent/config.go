@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/infermesh/infermesh/config"
 
-	"github.com/infermesh/infermesh/cleanup"
+	"go.yaml.in/yaml/v3"
 )
 
 // Config is the agent's configuration file (YAML). Decoding is strict: an
@@ -327,10 +327,10 @@ type RestartPolicy struct {
 
 // Defaults.
 const (
-	DefaultStateDir     = cleanup.DefaultStateDir
-	DefaultCacheDir     = cleanup.DefaultCacheRoot
-	DefaultAdminSocket  = cleanup.DefaultAdminSocket
-	DefaultSite         = cleanup.DefaultSite
+	DefaultStateDir     = config.DefaultStateDir
+	DefaultCacheDir     = config.DefaultCacheDir
+	DefaultAdminSocket  = config.DefaultAdminSocket
+	DefaultSite         = config.DefaultSite
 	DefaultCluster      = "infermesh"
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second

@@ -1,6 +1,8 @@
 package cleanup
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"fmt"
 	"path/filepath"
 
@@ -8,12 +10,12 @@ import (
 )
 
 // Defaults of the places a site keeps things on a host (node.state_dir,
-// node.cache_dir, site, admin.socket).
+// node.cache_dir, site, admin.socket): package config's.
 const (
-	DefaultStateDir    = "/var/lib/infermesh"
-	DefaultCacheRoot   = "/var/cache/infermesh"
-	DefaultSite        = "default"
-	DefaultAdminSocket = "/run/infermesh/admin.sock"
+	DefaultStateDir    = config.DefaultStateDir
+	DefaultCacheRoot   = config.DefaultCacheDir
+	DefaultSite        = config.DefaultSite
+	DefaultAdminSocket = config.DefaultAdminSocket
 )
 
 // Layout is where one site keeps things on this host.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -20,7 +22,7 @@ func init() {
 }
 
 // DefaultStateDir is where keygen puts the node key by default.
-const DefaultStateDir = "/var/lib/infermesh"
+const DefaultStateDir = config.DefaultStateDir
 
 type keyResult struct {
 	Path      string `json:"path,omitempty"`

@@ -5,6 +5,8 @@
 package main
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,7 +23,7 @@ import (
 
 // DefaultSocket is the agent's admin socket when neither --socket nor
 // INFERMESH_SOCKET says otherwise.
-const DefaultSocket = "/run/infermesh/admin.sock"
+const DefaultSocket = config.DefaultAdminSocket
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))

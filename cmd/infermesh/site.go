@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,7 +25,7 @@ import (
 // them.
 
 // DefaultConfig is the agent's config file when --config does not say.
-const DefaultConfig = "/etc/infermesh/infermesh.yaml"
+const DefaultConfig = config.DefaultFile
 
 // removeContentsCmd is the hidden command the root-owned data helper
 // container runs (provision.SiteCleanupsConfig.Helper).

@@ -7,6 +7,8 @@
 package main
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -86,7 +88,7 @@ func newFlags() (*flag.FlagSet, *options) {
 	fs := flag.NewFlagSet("infermeshd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // run reports errors and prints the usage itself
 	fs.Usage = func() {}
-	fs.StringVar(&o.configPath, "config", "/etc/infermesh/infermesh.yaml", "read the configuration from `FILE`")
+	fs.StringVar(&o.configPath, "config", config.DefaultFile, "read the configuration from `FILE`")
 	fs.BoolVar(&o.validate, "validate", false, "check --config (strict decoding, every field; with a mesh the gossip keyring; the admission certificate against trust.authority, node.name and the node key), print its warnings and exit: 0 when the agent would start with it, 78 when not")
 	fs.StringVar(&o.logLevel, "log-level", "", "override log.level: debug, info, warn or error")
 	fs.BoolVar(&o.keygen, "keygen", false, "create the node key in node.state_dir of --config unless it exists, print its public key and exit (node bootstrap runs this on the new host, so the private key never leaves it)")

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"github.com/infermesh/infermesh/config"
+
 	"context"
 	"crypto/sha256"
 	"debug/elf"
@@ -21,14 +23,14 @@ import (
 // Where a bootstrap puts things on a node.
 const (
 	BinDir       = "/usr/local/bin"
-	ConfigDir    = "/etc/infermesh"
-	StateDir     = "/var/lib/infermesh"
-	CacheDir     = "/var/cache/infermesh" // the unit's CacheDirectory: native instances' caches
+	ConfigDir    = config.DefaultDir
+	StateDir     = config.DefaultStateDir
+	CacheDir     = config.DefaultCacheDir // the unit's CacheDirectory: native instances' caches
 	UnitDir      = "/etc/systemd/system"
 	SysusersFile = "/etc/sysusers.d/infermesh.conf"
 	AgentUnit    = "infermeshd.service"
 	DemoUnit     = "infermesh-demo.service"
-	ConfigFile   = ConfigDir + "/infermesh.yaml"
+	ConfigFile   = config.DefaultFile
 	CertFile     = StateDir + "/node.cert"
 	KeyringFile  = StateDir + "/keyring.json"
 	// MeshPort and QUICPort are the node's gossip and QUIC ports.
@@ -38,7 +40,7 @@ const (
 	DemoListen = "127.0.0.1:18180"
 	// AdminSocket is the node agent's admin socket: the infermesh CLI's
 	// default, so that infermesh status on the node needs no flag.
-	AdminSocket = "/run/infermesh/admin.sock"
+	AdminSocket = config.DefaultAdminSocket
 )
 
 // JoinCredentialRef is where a node keeps its join credential.
