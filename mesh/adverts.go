@@ -243,7 +243,9 @@ func isUnlisted(err error) bool {
 // refresh, as a copy of one already held is not offered twice. (At
 // start-up, a peer's push/pull can arrive before the stored policy is
 // applied.) An advert whose TTL ran out since its receipt is not offered:
-// its origin's next refresh brings it back.
+// its origin's next refresh brings it back. Placement counts a re-offered
+// advert's TTL from the re-offer, at most one TTL past its receipt; its
+// origin refreshes well within that.
 func (m *Mesh) ReofferUnlisted(role, origin string) bool {
 	if m.sink == nil {
 		return false
