@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/infermesh/infermesh/config"
-
 	"go.yaml.in/yaml/v3"
 )
 
@@ -327,10 +325,6 @@ type RestartPolicy struct {
 
 // Defaults.
 const (
-	DefaultStateDir     = config.DefaultStateDir
-	DefaultCacheDir     = config.DefaultCacheDir
-	DefaultAdminSocket  = config.DefaultAdminSocket
-	DefaultSite         = config.DefaultSite
 	DefaultCluster      = "infermesh"
 	DefaultKeyring      = "keyring.json"
 	defaultShutdown     = 30 * time.Second

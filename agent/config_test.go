@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/config"
+
 	"github.com/infermesh/infermesh/internal/testing/testnet"
 	"github.com/infermesh/infermesh/provision"
 )
@@ -99,7 +101,7 @@ func TestParseConfigEmptyIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Node.StateDir != DefaultStateDir || cfg.Node.CacheDir != DefaultCacheDir || cfg.Admin.Socket != DefaultAdminSocket || cfg.Site != DefaultSite {
+	if cfg.Node.StateDir != config.DefaultStateDir || cfg.Node.CacheDir != config.DefaultCacheDir || cfg.Admin.Socket != config.DefaultAdminSocket || cfg.Site != config.DefaultSite {
 		t.Errorf("defaults = %+v", cfg)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/infermesh/infermesh/config"
+
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/mesh"
@@ -30,12 +32,12 @@ func (c *Config) Validate() error {
 	if err := validNodeName(c.Node.Name); err != nil {
 		return fieldErr("node.name", "%v", err)
 	}
-	defaults.Zero(&c.Node.StateDir, DefaultStateDir)
-	defaults.Zero(&c.Node.CacheDir, DefaultCacheDir)
+	defaults.Zero(&c.Node.StateDir, config.DefaultStateDir)
+	defaults.Zero(&c.Node.CacheDir, config.DefaultCacheDir)
 	if !filepath.IsAbs(c.Node.CacheDir) {
 		return fieldErr("node.cache_dir", "%q must be an absolute path", c.Node.CacheDir)
 	}
-	defaults.Zero(&c.Site, DefaultSite)
+	defaults.Zero(&c.Site, config.DefaultSite)
 	if err := validNodeName(c.Site); err != nil {
 		return fieldErr("site", "%v", err)
 	}
@@ -60,7 +62,7 @@ func (c *Config) Validate() error {
 	if _, err := c.MeshTrust(); err != nil { // every key must parse, named by field
 		return err
 	}
-	defaults.Zero(&c.Admin.Socket, DefaultAdminSocket)
+	defaults.Zero(&c.Admin.Socket, config.DefaultAdminSocket)
 	if m := c.Admin.Metrics; m != "" && !loopbackHostPort(m) {
 		if !c.Admin.MetricsAllowRemote {
 			return fieldErr("admin.metrics", "%q is not a loopback host:port; set admin.metrics_allow_remote: true to serve metrics to the network", m)

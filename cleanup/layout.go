@@ -1,21 +1,10 @@
 package cleanup
 
 import (
-	"github.com/infermesh/infermesh/config"
-
 	"fmt"
 	"path/filepath"
 
 	"github.com/infermesh/infermesh/identity"
-)
-
-// Defaults of the places a site keeps things on a host (node.state_dir,
-// node.cache_dir, site, admin.socket): package config's.
-const (
-	DefaultStateDir    = config.DefaultStateDir
-	DefaultCacheRoot   = config.DefaultCacheDir
-	DefaultSite        = config.DefaultSite
-	DefaultAdminSocket = config.DefaultAdminSocket
 )
 
 // Layout is where one site keeps things on this host.
@@ -30,9 +19,9 @@ const (
 // The node's own identity and state store sit beside the site root, not in
 // it: deleting a site removes what the site ran and kept, not the node.
 type Layout struct {
-	// StateDir is node.state_dir. Default DefaultStateDir.
+	// StateDir is node.state_dir. Default config.DefaultStateDir.
 	StateDir string
-	// CacheRoot is node.cache_dir. Default DefaultCacheRoot.
+	// CacheRoot is node.cache_dir. Default config.DefaultCacheDir.
 	CacheRoot string
 	// Site is the site name.
 	Site string

@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/infermesh/infermesh/config"
+	"github.com/infermesh/infermesh/internal/defaults"
+
 	"go.yaml.in/yaml/v3"
 
 	"github.com/infermesh/infermesh/identity"
@@ -116,9 +119,7 @@ func ParseSiteConfig(data []byte) (SiteConfig, error) {
 // fill applies the agent's defaults and checks the identity: the site and
 // node names become path elements.
 func (c *SiteConfig) fill() error {
-	if c.Site == "" {
-		c.Site = DefaultSite
-	}
+	defaults.Zero(&c.Site, config.DefaultSite)
 	if c.Node == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -126,15 +127,9 @@ func (c *SiteConfig) fill() error {
 		}
 		c.Node = h
 	}
-	if c.StateDir == "" {
-		c.StateDir = DefaultStateDir
-	}
-	if c.CacheRoot == "" {
-		c.CacheRoot = DefaultCacheRoot
-	}
-	if c.AdminSocket == "" {
-		c.AdminSocket = DefaultAdminSocket
-	}
+	defaults.Zero(&c.StateDir, config.DefaultStateDir)
+	defaults.Zero(&c.CacheRoot, config.DefaultCacheDir)
+	defaults.Zero(&c.AdminSocket, config.DefaultAdminSocket)
 	if err := identity.ValidateNodeName(c.Site); err != nil {
 		return fmt.Errorf("site: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/infermesh/infermesh/config"
 )
 
 func TestParseSiteConfig(t *testing.T) {
@@ -17,7 +19,7 @@ func TestParseSiteConfig(t *testing.T) {
 		want  SiteConfig
 		kinds []Kind
 	}{
-		{"empty: the agent's defaults", "", SiteConfig{Site: "default", Node: host, StateDir: DefaultStateDir, CacheRoot: DefaultCacheRoot, AdminSocket: DefaultAdminSocket}, []Kind{}},
+		{"empty: the agent's defaults", "", SiteConfig{Site: "default", Node: host, StateDir: config.DefaultStateDir, CacheRoot: config.DefaultCacheDir, AdminSocket: config.DefaultAdminSocket}, []Kind{}},
 		{"every binding kind", `
 site: s1
 node: {name: a, state_dir: /srv/im, cache_dir: /srv/cache}
@@ -34,7 +36,7 @@ node: {name: a, gpu_pool: big}
 telemetry: {endpoint: x}
 roles:
   chat: {port: 1, instance: {runtime: docker, image: x, gpus: all}}
-`, SiteConfig{Site: "s1", Node: "a", StateDir: DefaultStateDir, CacheRoot: DefaultCacheRoot, AdminSocket: DefaultAdminSocket}, []Kind{Docker}},
+`, SiteConfig{Site: "s1", Node: "a", StateDir: config.DefaultStateDir, CacheRoot: config.DefaultCacheDir, AdminSocket: config.DefaultAdminSocket}, []Kind{Docker}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := ParseSiteConfig([]byte(tt.yaml))

@@ -1,7 +1,6 @@
 package mesh
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -233,7 +232,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StateDir == "" {
 		return c, errors.New("StateDir: required")
 	}
-	c.KeyFile = cmp.Or(c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
+	defaults.Zero(&c.KeyFile, filepath.Join(c.StateDir, identity.NodeKeyFile))
 	defaults.Zero(&c.KeyringPath, DefaultKeyringFile)
 	if !filepath.IsAbs(c.KeyringPath) {
 		c.KeyringPath = filepath.Join(c.StateDir, c.KeyringPath)

@@ -21,9 +21,6 @@ func init() {
 	register(newAuthorityCmd)
 }
 
-// DefaultStateDir is where keygen puts the node key by default.
-const DefaultStateDir = config.DefaultStateDir
-
 type keyResult struct {
 	Path      string `json:"path,omitempty"`
 	PublicKey string `json:"public_key,omitempty"`
@@ -95,7 +92,7 @@ Only the key goes to stdout; notices go to stderr.`,
 			return a.printKey(keyResult{Path: path, PublicKey: pub, Created: created}, pub, notice)
 		},
 	}
-	cmd.Flags().StringVar(&stateDir, "state-dir", DefaultStateDir, "node state directory")
+	cmd.Flags().StringVar(&stateDir, "state-dir", config.DefaultStateDir, "node state directory")
 	cmd.Flags().StringVar(&keyFile, "key-file", "", "node key file (default <state-dir>/node.key)")
 	cmd.Flags().BoolVar(&gossip, "gossip", false, "make a gossip (AES-256) key instead of a node key")
 	cmd.Flags().StringVar(&keyring, "keyring", "", "with --gossip: write a new keyring file holding the key")

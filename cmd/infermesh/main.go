@@ -21,10 +21,6 @@ import (
 	"github.com/infermesh/infermesh/agent/admin"
 )
 
-// DefaultSocket is the agent's admin socket when neither --socket nor
-// INFERMESH_SOCKET says otherwise.
-const DefaultSocket = config.DefaultAdminSocket
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -85,7 +81,7 @@ func newRoot(a *app) *cobra.Command {
 	root.SetErr(a.errOut)
 	socket := os.Getenv("INFERMESH_SOCKET")
 	if socket == "" {
-		socket = DefaultSocket
+		socket = config.DefaultAdminSocket
 	}
 	root.PersistentFlags().BoolVar(&a.json, "json", false, "print JSON")
 	root.PersistentFlags().StringVar(&a.socket, "socket", socket, "agent admin socket (env INFERMESH_SOCKET)")
@@ -130,7 +126,7 @@ func runContext(ctx context.Context, args []string, out, errOut io.Writer) int {
 	if isCobraUsage(err) {
 		err = &usageError{msg: err.Error()}
 	}
-	err = explainRefusal(err, DefaultConfig)
+	err = explainRefusal(err, config.DefaultFile)
 	code := exitCode(err)
 	// --json is parsed by then unless the flags themselves were the error;
 	// look for it in args so a bad command line answers in JSON too.

@@ -24,9 +24,6 @@ import (
 // store's exclusive lock while they run, so the agent cannot start under
 // them.
 
-// DefaultConfig is the agent's config file when --config does not say.
-const DefaultConfig = config.DefaultFile
-
 // removeContentsCmd is the hidden command the root-owned data helper
 // container runs (provision.SiteCleanupsConfig.Helper).
 const removeContentsCmd = "__remove-contents"
@@ -48,7 +45,7 @@ type siteFlags struct {
 }
 
 func (f *siteFlags) add(cmd *cobra.Command, dryRun bool) {
-	cmd.Flags().StringVar(&f.config, "config", DefaultConfig, "the agent's config file")
+	cmd.Flags().StringVar(&f.config, "config", config.DefaultFile, "the agent's config file")
 	cmd.Flags().StringVar(&f.site, "site", "", "the site (default: the config's; required when the config cannot be read)")
 	cmd.Flags().StringVar(&f.node, "node", "", "this node's name (default: the config's, else the host name)")
 	cmd.Flags().StringVar(&f.stateDir, "state-dir", "", "the agent's state dir (default: the config's node.state_dir)")
