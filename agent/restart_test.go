@@ -95,6 +95,19 @@ func TestReadyOnceJoined(t *testing.T) {
 	readyCount := func(name string) int { mu.Lock(); defer mu.Unlock(); return ready[name] }
 	tm.start("b", roles["b"], false)
 	waitFor(t, "b, with nobody to join, ready", func() bool { return readyCount("b") == 1 })
+	// b's READY does not wait for its instance: its advert enters its mesh
+	// state at the advertiser's first round after the upstream is found
+	// healthy. A join before that rightly finds nothing to resolve, so a
+	// starts once b has advertised: two advertiser rounds ended after the
+	// role was seen in b's table (the first may have begun before it).
+	b := tm.nodes["b"]
+	waitFor(t, "b serves chat itself", func() bool {
+		return slices.ContainsFunc(b.agent.Table().Advertisements(), func(ad placement.Advert) bool {
+			return ad.Node == "b" && ad.Role() == "chat"
+		})
+	})
+	rounds := b.agent.Mesh().GossipStats().AdvertRounds
+	waitFor(t, "b advertised chat", func() bool { return b.agent.Mesh().GossipStats().AdvertRounds >= rounds+2 })
 	tm.start("a", roles["a"], false)
 	waitFor(t, "a ready", func() bool { return readyCount("a") == 1 })
 	for i := range 2 {

@@ -133,8 +133,15 @@ func TestSignedRevocationHoldsOnEveryAgent(t *testing.T) {
 	}
 	a, b, bRoles := tm.startChatPair()
 	c := tm.start("c", map[string]roleSpec{"x": {}}, false)
+	// b must know c too before c's connection below: b admits a QUIC peer
+	// by the key its gossip carries.
 	waitFor(t, "the mesh forms and a serves chat from b", func() bool {
-		return slices.Equal(members(c.agent.Mesh()), []string{"a", "b", "c"}) && a.resolvesTo("chat", "b") && chatOK(t, a)
+		for _, n := range []*meshNode{a, b, c} {
+			if !slices.Equal(members(n.agent.Mesh()), []string{"a", "b", "c"}) {
+				return false
+			}
+		}
+		return a.resolvesTo("chat", "b") && chatOK(t, a)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
