@@ -101,6 +101,7 @@ type Agent struct {
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
 	started time.Time
+	infos   infoCache // peers' info answers, for the mesh view (backend_mesh.go)
 
 	mu        sync.Mutex
 	addrs     map[string]net.Addr // role -> bound proxy address

@@ -67,6 +67,8 @@ type MeshAPI interface {
 	// ReofferUnlisted puts into placement an advert held but refused as
 	// not allowlisted, once the allowlist lets its origin in.
 	ReofferUnlisted(role, origin string) bool
+	// HeldAdverts lists the peers' fresh adverts held, placed or not.
+	HeldAdverts() []mesh.HeldAdvert
 }
 
 // InstanceAPI is what the admin backend needs of provisioning.

@@ -416,6 +416,7 @@ func (f *fakeMesh) SpreadRevocation(context.Context, mesh.RevocationPusher, *ide
 	return mesh.SpreadResult{}
 }
 func (f *fakeMesh) ReofferUnlisted(string, string) bool { return false }
+func (f *fakeMesh) HeldAdverts() []mesh.HeldAdvert      { return nil }
 
 func TestRevocationsPersistAndReachTheMesh(t *testing.T) {
 	dir := t.TempDir()

@@ -115,6 +115,7 @@ func (a *Agent) startTransport(m *mesh.Mesh) (*mesh.Transport, error) {
 		cfg.HandshakeTimeout = a.config().Proxy.ConnectTimeout
 	}
 	cfg.Leaving = m.Leaving
+	cfg.Info = a.nodeInfo
 	cfg.Keyring = m
 	cfg.OnKeyring = func(ev mesh.KeyringEvent) {
 		kind, fields := AuditKeyringByPeer, map[string]string{

@@ -2,12 +2,14 @@ package mesh
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -266,6 +268,41 @@ func (m *Mesh) ReofferUnlisted(role, origin string) bool {
 		return false
 	}
 	return true
+}
+
+// HeldAdvert is a peer's fresh advert this node holds, placed or not.
+type HeldAdvert struct {
+	Origin, Role string
+	Advert       placement.Advert
+	Received     time.Time
+	// Unlisted: placement refused it, its origin not allowlisted for the
+	// role on this node.
+	Unlisted bool
+}
+
+// HeldAdverts lists the fresh, not withdrawn adverts of peers this node
+// holds, sorted by origin then role: what each peer serves, whether or
+// not this node lets it serve it here (an operator's view; placement's
+// table holds only the adverts it took).
+func (m *Mesh) HeldAdverts() []HeldAdvert {
+	now := time.Now()
+	var out []HeldAdvert
+	m.advMu.Lock()
+	for k, r := range m.adverts {
+		if k.origin == m.name || r.gone || r.withdrawn || r.msg == nil || now.Sub(r.received) > m.cfg.AdvertTTL {
+			continue
+		}
+		body, _, _, err := decodeAdvert(r.msg)
+		if err != nil {
+			continue // verified at its receipt: cannot happen
+		}
+		out = append(out, HeldAdvert{Origin: k.origin, Role: k.role, Advert: body.advert(), Received: r.received, Unlisted: r.unlisted})
+	}
+	m.advMu.Unlock()
+	slices.SortFunc(out, func(a, b HeldAdvert) int {
+		return cmp.Or(strings.Compare(a.Origin, b.Origin), strings.Compare(a.Role, b.Role))
+	})
+	return out
 }
 
 // forgetOriginLocked drops what origin advertised from push/pull state,

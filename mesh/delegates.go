@@ -153,6 +153,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 		return
 	}
 	m.setGossipLive(n.Name, "")
+	m.rtt.forget(n.Name)
 	m.mu.RLock()
 	p := m.peers[n.Name]
 	m.mu.RUnlock()

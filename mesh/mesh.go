@@ -107,6 +107,7 @@ type Mesh struct {
 	refusals     refusals
 	refusedNodes refusedNodes // nodes refused membership, for peers and unrevoke
 	stats        gossipStats
+	rtt          rttBook // round-trip times memberlist's probes measured (rtt.go)
 
 	// joinRefusal is set by the merge delegate when it refuses a join for a
 	// permanent reason; Join reads it.
@@ -276,6 +277,7 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.Alive = (*aliveDelegate)(m)
 	mc.Merge = (*mergeDelegate)(m)
 	mc.Conflict = (*conflictDelegate)(m)
+	mc.Ping = (*pingDelegate)(m)
 	mc.Logger = log.New(zapWriter{l: m.log.Named("memberlist"), refuted: m.noteRefuted}, "", 0)
 	if c.WrapTransport != nil {
 		nt, err := newNetTransport(mc)
@@ -385,6 +387,11 @@ type PeerInfo struct {
 	// CertExpires is when the node's admission certificate expires; zero
 	// when it gossips none.
 	CertExpires time.Time
+	// RTT is the smoothed round-trip time of memberlist's direct probes of
+	// the node, and Heard when the last one was answered; zero for this
+	// node and before the first answer.
+	RTT   time.Duration
+	Heard time.Time
 }
 
 func certExpires(c *identity.Certificate) time.Time {
@@ -402,9 +409,11 @@ func (m *Mesh) Members() []PeerInfo {
 	out := make([]PeerInfo, 0, len(m.peers)+1)
 	for _, p := range m.peers {
 		s, why := m.trust.admit(p.name, p.meta.key, p.meta.cert, p.certOK, now)
+		rtt, heard := m.rtt.get(p.name)
 		out = append(out, PeerInfo{
 			Name: p.name, GossipAddr: p.addr, QUICAddr: p.meta.quicAddr, PublicKey: p.meta.key,
 			Scope: s, Admitted: s != 0, Why: why, CertExpires: certExpires(p.meta.cert),
+			RTT: rtt, Heard: heard,
 		})
 	}
 	m.mu.RUnlock()

@@ -483,6 +483,10 @@ func (t *Transport) servePeer(w http.ResponseWriter, r *http.Request) {
 		t.serveProbe(w)
 		return
 	}
+	if r.URL.Path == infoPath {
+		t.serveInfo(w, r)
+		return
+	}
 	release, ok := t.admitStream(w, v)
 	if !ok {
 		return

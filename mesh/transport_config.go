@@ -116,6 +116,10 @@ type TransportConfig struct {
 	// probe (Transport.ConfirmAlive, from peers) then answers so, and peers
 	// forget this node at once. Nil: never leaving. Usually Mesh.Leaving.
 	Leaving func() bool
+	// Info answers admitted peers' info calls (Transport.Info): this
+	// node's version and its roles' load now. Must be quick and not
+	// block. Nil: the call is answered 404.
+	Info func() NodeInfo
 	// Keyring applies keyring changes that peers send (Mesh.RotateGossipKey
 	// on another node) and decides whose it applies (MayChangeKeyring).
 	// Nil: none are taken. Usually the Mesh.

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"net/http"
+	"time"
 )
 
 // Mesh membership over the admin API: POST /v0/join contacts gossip
@@ -47,5 +48,77 @@ func (s *Server) meshRoutes(mux *http.ServeMux) {
 			}
 			reply(w, r, func(ctx context.Context) (JoinResult, error) { return b.Join(ctx, c, req) })
 		}
+	}))
+}
+
+// The mesh view over the admin API: GET /v0/mesh lists every node this
+// agent knows with what it serves, to us or not, its load, version,
+// certificate expiry, when it was last heard and the round-trip time to it
+// (`infermesh mesh`).
+
+// MeshViewer is the part of Backend that gives the mesh view. A backend
+// without it answers ErrNotConfigured.
+type MeshViewer interface {
+	MeshView(ctx context.Context) (MeshView, error)
+}
+
+// MeshView is GET /v0/mesh's answer.
+type MeshView struct {
+	Node  string     `json:"node"` // this node
+	Nodes []MeshNode `json:"nodes"`
+}
+
+// MeshNode is one node as this agent sees it: from gossip (membership,
+// adverts, probes) and, for admitted peers, from their answer to the info
+// call over QUIC.
+type MeshNode struct {
+	Name  string `json:"name"`
+	State string `json:"state"` // self, admitted, not_admitted, refused (as Peer's)
+	Scope string `json:"scope,omitempty"`
+	Why   string `json:"why,omitempty"` // why not admitted or refused
+	// Version and StartedAt come from the info call ("" and nil when the
+	// node was not asked or did not answer; InfoError says why).
+	Version   string     `json:"version,omitempty"`
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	InfoError string     `json:"info_error,omitempty"`
+	// CertExpires is when the node's admission certificate expires (nil:
+	// it gossips none, static trust).
+	CertExpires *time.Time `json:"cert_expires,omitempty"`
+	// LastHeard is when gossip last heard the node directly: its answer to
+	// a probe or its newest advert, whichever is later.
+	LastHeard *time.Time `json:"last_heard,omitempty"`
+	// RTTMillis is the smoothed round-trip time of gossip's probes (0:
+	// none measured yet, or this node).
+	RTTMillis float64    `json:"rtt_ms,omitempty"`
+	Roles     []MeshRole `json:"roles"`
+}
+
+// MeshRole is a role a node serves from an instance of its own.
+type MeshRole struct {
+	Name  string `json:"name"`
+	Model string `json:"model,omitempty"`
+	// ServesUs: the node is a candidate for the role here now (for this
+	// node: its own instance is). Why says why not.
+	ServesUs bool     `json:"serves_us"`
+	Why      []string `json:"why,omitempty"`
+	// Load is the in-flight count its advert carries; InFlight the count
+	// its info answer gave (fresher), when it answered.
+	Load     uint32  `json:"load"`
+	InFlight *uint32 `json:"in_flight,omitempty"`
+}
+
+// MeshView is GET /v0/mesh.
+func (c *Client) MeshView(ctx context.Context) (MeshView, error) {
+	return get[MeshView](ctx, c, "/v0/mesh")
+}
+
+func (s *Server) meshViewRoutes(mux *http.ServeMux) {
+	v, ok := s.cfg.Backend.(MeshViewer)
+	mux.HandleFunc("GET /v0/mesh", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		if !ok {
+			writeError(w, Errorf(ErrNotConfigured, "this agent gives no mesh view"))
+			return
+		}
+		reply(w, r, v.MeshView)
 	}))
 }

@@ -71,6 +71,8 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestGoldenOutput(t *testing.T) {
+	now = func() time.Time { return admintest.T0 }
+	t.Cleanup(func() { now = time.Now })
 	events := []admin.Event{
 		{Time: admintest.T0, Kind: "infer.remote.allow", Role: "chat", Node: "b", Fields: map[string]string{"allowed": "true", "consumer": "a"}},
 		{Time: admintest.T0.Add(time.Second), Kind: "admin.refused", Fields: map[string]string{"why": "uid 1000 may only read", "request": "POST /v0/policy"}},
@@ -101,6 +103,7 @@ func TestGoldenOutput(t *testing.T) {
 		{"instances", []string{"instances"}},
 		{"instance-logs", []string{"instances", "logs", "embed", "-n", "5"}},
 		{"instance-stop", []string{"instances", "stop", "embed"}},
+		{"mesh", []string{"mesh"}},
 	}
 	for _, tt := range tests {
 		for _, asJSON := range []bool{false, true} {

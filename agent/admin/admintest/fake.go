@@ -98,6 +98,25 @@ func (f *Fake) Peers(context.Context) ([]admin.Peer, error) {
 	}, nil
 }
 
+// MeshView implements admin.MeshViewer: a, b serving chat to us, c
+// serving chat but not allowlisted and not answering the info call, x
+// not admitted.
+func (f *Fake) MeshView(context.Context) (admin.MeshView, error) {
+	at := func(d time.Duration) *time.Time { t := T0.Add(d); return &t }
+	two, one := uint32(2), uint32(1)
+	return admin.MeshView{Node: "a", Nodes: []admin.MeshNode{
+		{Name: "a", State: admin.PeerSelf, Scope: "full", Version: "v1.2.3", StartedAt: at(-time.Hour), CertExpires: at(29 * 24 * time.Hour),
+			Roles: []admin.MeshRole{{Name: "embed", Model: "bge", ServesUs: true, Load: 0, InFlight: &one}}},
+		{Name: "b", State: admin.PeerAdmitted, Scope: "full", Version: "v1.2.3", StartedAt: at(-2 * time.Hour), CertExpires: at(3 * time.Hour),
+			LastHeard: at(-2 * time.Second), RTTMillis: 0.42,
+			Roles: []admin.MeshRole{{Name: "chat", Model: "llama-3-8b", ServesUs: true, Load: 1, InFlight: &two}}},
+		{Name: "c", State: admin.PeerAdmitted, Scope: "full", InfoError: "c answered the info call with 404 Not Found", CertExpires: at(-time.Minute),
+			LastHeard: at(-75 * time.Second), RTTMillis: 1.5,
+			Roles: []admin.MeshRole{{Name: "chat", Model: "llama-3-8b", Why: []string{"not_allowlisted"}, Load: 4}}},
+		{Name: "x", State: admin.PeerNotAdmitted, Why: "revoked", Roles: []admin.MeshRole{}},
+	}}, nil
+}
+
 // Roles implements admin.Backend.
 func (f *Fake) Roles(context.Context) ([]admin.Role, error) {
 	at := T0.Add(time.Hour)
