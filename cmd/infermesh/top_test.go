@@ -108,7 +108,7 @@ func TestBucketQuantile(t *testing.T) {
 		want    float64
 	}{
 		{0.5, map[float64]float64{1: 0, inf: 0}, math.NaN()},
-		{0.5, map[float64]float64{1: 4, inf: 4}, 0.5},    // from 0 in the first bucket
+		{0.5, map[float64]float64{1: 4, inf: 4}, 0.5},     // from 0 in the first bucket
 		{0.9, map[float64]float64{1: 4, 2: 4, inf: 8}, 2}, // in +Inf: the highest finite bound
 		{1, map[float64]float64{1: 2, 2: 4, inf: 4}, 2},
 	} {
