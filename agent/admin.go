@@ -14,6 +14,7 @@ import (
 
 	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/agent/metrics"
+	"github.com/infermesh/infermesh/console"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/store"
 )
@@ -35,6 +36,10 @@ type Admin struct {
 	serving   bool
 	metricsHS *http.Server
 	metricsLn net.Listener
+	// console is the web console (admin.console), consoleToken its token
+	// file; nil and "" when off.
+	console      *console.Server
+	consoleToken string
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -143,6 +148,15 @@ func (ad *Admin) Serve(ctx context.Context) error {
 		}()
 		ad.log.Info("metrics listening", zap.String("addr", ln.Addr().String()))
 	}
+	if addr := ad.a.config().Admin.Console; addr != "" {
+		if err := ad.startConsole(addr); err != nil {
+			if hs := ad.metricsHS; hs != nil {
+				_ = hs.Close()
+			}
+			ad.cancel()
+			return err
+		}
+	}
 	ad.wg.Add(1)
 	go func() {
 		defer ad.wg.Done()
@@ -224,6 +238,7 @@ func (ad *Admin) stopServers() {
 	if hs != nil {
 		_ = hs.Shutdown(ctx)
 	}
+	ad.stopConsole(ctx)
 }
 
 // Close stops the socket and the metrics port (ending event streams), waits

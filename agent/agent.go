@@ -101,7 +101,8 @@ type Agent struct {
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
 	started time.Time
-	infos   infoCache // peers' info answers, for the mesh view (backend_mesh.go)
+	infos   infoCache  // peers' info answers, for the mesh view (backend_mesh.go)
+	recent  recentRing // the last requests the proxy finished (recent.go)
 
 	mu        sync.Mutex
 	addrs     map[string]net.Addr // role -> bound proxy address
@@ -165,7 +166,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		BodyTimeout:     cfg.Proxy.BodyTimeout,
 		WriteTimeout:    cfg.Proxy.WriteTimeout,
 		Server:          cfg.Proxy.Server,
-		Observer:        a.metrics,
+		Observer:        observers{Observer: a.metrics, recent: &a.recent},
 		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
 		UpstreamKey:     a.upstreamKey,
 		NodeName:        cfg.Node.Name,

@@ -33,7 +33,22 @@ func (a *Agent) nodeInfo() mesh.NodeInfo {
 		n := a.proxy.LocalInFlight(role)
 		ni.Roles = append(ni.Roles, mesh.RoleInfo{Name: role, Model: snap.Locals[role].Model, InFlight: uint32(min(max(n, 0), math.MaxUint32))})
 	}
+	ni.Uses = a.roleUses()
 	return ni
+}
+
+// roleUses is, for each configured role, the nodes that serve it to this
+// node now, in the proxy's order (this node itself for its instance).
+func (a *Agent) roleUses() []mesh.RoleUse {
+	var uses []mesh.RoleUse
+	for _, role := range a.roleNames() {
+		u := mesh.RoleUse{Role: role, Nodes: []string{}}
+		for _, c := range a.table.Resolve(role) {
+			u.Nodes = append(u.Nodes, c.Node)
+		}
+		uses = append(uses, u)
+	}
+	return uses
 }
 
 // infoCache keeps the peers' info answers for infoMaxAge.
@@ -134,7 +149,7 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 		return mr
 	}
 
-	selfNode := admin.MeshNode{Name: self, State: admin.PeerSelf, Scope: "full", Version: Version, Roles: []admin.MeshRole{}}
+	selfNode := admin.MeshNode{Name: self, State: admin.PeerSelf, Scope: "full", Version: Version, Roles: []admin.MeshRole{}, Uses: meshUses(b.a.roleUses())}
 	started := b.a.started.UTC()
 	selfNode.StartedAt = &started
 	for _, role := range ownRoles(snap) {
@@ -188,6 +203,7 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 				for _, r := range ans.info.Roles {
 					inFlight[r.Name] = r.InFlight
 				}
+				n.Uses = meshUses(ans.info.Uses)
 			}
 		}
 		for _, h := range byNode[m.Name] {
@@ -211,6 +227,14 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 		view.Nodes = append(view.Nodes, admin.MeshNode{Name: r.Name, State: admin.PeerRefused, Why: r.Why, LastHeard: &seen, Roles: []admin.MeshRole{}})
 	}
 	return view, nil
+}
+
+func meshUses(us []mesh.RoleUse) []admin.MeshUse {
+	out := make([]admin.MeshUse, 0, len(us))
+	for _, u := range us {
+		out = append(out, admin.MeshUse{Role: u.Role, Nodes: u.Nodes})
+	}
+	return out
 }
 
 // timePtr is t in UTC, nil when zero.

@@ -133,6 +133,11 @@ type AdminConfig struct {
 	// user or the admin group. Default false: the socket is 0660 and only
 	// the owner and the group can connect at all.
 	PublicRead bool `yaml:"public_read" reload:"restart"`
+	// Console is an optional loopback host:port serving the read-only web
+	// console; `infermesh console` prints its URL with the token the agent
+	// makes at each start (kept in <state_dir>/console.token, 0600).
+	// Default off.
+	Console string `yaml:"console" reload:"restart"`
 }
 
 // ProxyConfig tunes the loopback proxy.

@@ -71,6 +71,9 @@ func (c *Config) Validate() error {
 			return fieldErr("admin.metrics", "%q is not host:port", m)
 		}
 	}
+	if a := c.Admin.Console; a != "" && !loopbackHostPort(a) && !loopbackAnyPort(a) {
+		return fieldErr("admin.console", "%q is not a loopback host:port (the console is served on loopback only)", a)
+	}
 	if err := c.Proxy.validate(); err != nil {
 		return err
 	}
@@ -392,6 +395,13 @@ func loopbackBase(s string) error {
 		return fmt.Errorf("%q is not a loopback address with a port", s)
 	}
 	return nil
+}
+
+// loopbackAnyPort: hp is a loopback host with port 0 (a free port, which
+// the console reports: `infermesh console`).
+func loopbackAnyPort(hp string) bool {
+	h, p, err := net.SplitHostPort(hp)
+	return err == nil && p == "0" && loopbackHostPort(net.JoinHostPort(h, "1"))
 }
 
 func loopbackHostPort(hp string) bool {

@@ -76,6 +76,13 @@ func TestMeshViewOfThreeNodes(t *testing.T) {
 		nb.Roles[0].InFlight == nil || *nb.Roles[0].InFlight != 1 {
 		t.Errorf("b's roles = %+v, want chat serving us with 1 in flight", nb.Roles)
 	}
+	// The map's arrows: a's apps use chat from b; b's from itself.
+	if len(self.Uses) != 1 || self.Uses[0].Role != "chat" || !slices.Equal(self.Uses[0].Nodes, []string{"b"}) {
+		t.Errorf("a uses %+v, want chat from b", self.Uses)
+	}
+	if len(nb.Uses) != 1 || nb.Uses[0].Role != "chat" || !slices.Equal(nb.Uses[0].Nodes, []string{"b"}) {
+		t.Errorf("b uses %+v, want chat from itself", nb.Uses)
+	}
 	if nc.Name != "c" || nc.State != admin.PeerAdmitted || nc.Version != Version {
 		t.Errorf("c = %+v", nc)
 	}

@@ -161,6 +161,8 @@ type testMesh struct {
 	// meshYAML and proxyYAML add keys to a node's mesh section and to its
 	// proxy mapping ("k: v, " items).
 	meshYAML, proxyYAML map[string]string
+	// adminYAML adds keys to a node's admin mapping ("k: v, " items).
+	adminYAML map[string]string
 	// loggers is the logger of a node run in this process (default none).
 	loggers map[string]*zap.Logger
 	// procs runs these nodes as infermeshd processes (startProc).
@@ -237,7 +239,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "node: {name: %s, state_dir: %s}\n", name, n.stateDir)
-	fmt.Fprintf(&b, "admin: {socket: %s}\n", filepath.Join(n.stateDir, "admin.sock"))
+	fmt.Fprintf(&b, "admin: {%ssocket: %s}\n", tm.adminYAML[name], filepath.Join(n.stateDir, "admin.sock"))
 	fmt.Fprintf(&b, "mesh:\n  bind: %s\n  quic: %s\n  gossip_keyring: %s\n  advert_ttl: 3s\n", n.bind, n.quic, tm.keyringOf(n))
 	b.WriteString(tm.meshYAML[name])
 	if j, ok := tm.joins[name]; ok {

@@ -100,3 +100,7 @@ func chownToDirOwner(f *os.File, dir string) error {
 	}
 	return f.Chown(int(sys.Uid), int(sys.Gid))
 }
+
+// WriteSecretFile writes a secret (a token, a key) to path with mode 0600,
+// owned like its directory, replacing any existing file atomically.
+func WriteSecretFile(path string, data []byte) error { return writeFileAtomic(path, data) }

@@ -30,6 +30,16 @@ type NodeInfo struct {
 	Version   string     `json:"version"`
 	StartedAt time.Time  `json:"started_at"`
 	Roles     []RoleInfo `json:"roles"`
+	// Uses lists the roles its apps use and the nodes that serve each to
+	// it now, in the order its proxy tries them (this node's name for its
+	// own instance): the arrows of a map of the mesh.
+	Uses []RoleUse `json:"uses,omitempty"`
+}
+
+// RoleUse is a role a node's apps use and who serves it to that node.
+type RoleUse struct {
+	Role  string   `json:"role"`
+	Nodes []string `json:"nodes"`
 }
 
 // RoleInfo is one role a node serves from its own instance, as the info

@@ -45,6 +45,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 	defer release()
 	start := time.Now()
 	var last *attemptError
+	tried := 0 // candidates sent the request
 	for i, c := range cands {
 		more := i < len(cands)-1
 		var resp *http.Response
@@ -66,6 +67,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		default:
 			continue
 		}
+		tried++
 		if obs := p.cfg.Observer; obs != nil {
 			st := 0
 			if resp != nil {
@@ -76,7 +78,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		if err != nil {
 			if r.Context().Err() != nil {
 				// The client went away; nobody is left to answer.
-				p.done(Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true}, start)
+				p.done(r, Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true, Attempts: i + 1}, start)
 				return
 			}
 			last = &attemptError{target: target, api: classify(err, target)}
@@ -96,21 +98,22 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			continue
 		}
 		release()
-		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start)
+		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start, tried)
 		return
 	}
 	if last == nil {
 		WriteError(w, errNoInstance(role))
-		p.done(Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable}, start)
+		p.done(r, Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable, Attempts: tried}, start)
 		return
 	}
 	WriteError(w, last.api)
-	p.done(Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status}, start)
+	p.done(r, Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status, Attempts: tried}, start)
 }
 
-func (p *Proxy) done(o Outcome, start time.Time) {
+func (p *Proxy) done(r *http.Request, o Outcome, start time.Time) {
 	if obs := p.cfg.Observer; obs != nil {
 		o.Duration = time.Since(start)
+		o.RequestID = headerValue(r.Header, RequestIDHeader)
 		obs.Done(o)
 	}
 }
@@ -272,7 +275,7 @@ func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, mesh bool)
 // says resp is a peer agent's answer (target is the node it was verified
 // as): only PeerResponseHeaders pass, and the response names target as the
 // node that served it.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time, tried int) {
 	defer resp.Body.Close()
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header, peer)
@@ -282,7 +285,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
-	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode}
+	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode, Attempts: tried}
 
 	var body io.Reader = resp.Body
 	pinStream := false // the answer's model is rewritten as it streams
@@ -300,7 +303,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 			// Nothing was sent yet: the client gets a clean error.
 			WriteError(w, errUpstream(target+": reading response: "+err.Error()))
 			o.Status = http.StatusBadGateway
-			p.done(o, start)
+			p.done(r, o, start)
 			return
 		}
 		if whole {
@@ -312,7 +315,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 			w.WriteHeader(resp.StatusCode)
 			n, _ := w.Write(b)
 			o.Bytes = int64(n)
-			p.done(o, start)
+			p.done(r, o, start)
 			return
 		}
 		// Too large to hold: what was read goes first, then the rest, and
@@ -366,7 +369,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	}
 	if err != nil {
 		o.Aborted = true
-		p.done(o, start)
+		p.done(r, o, start)
 		if r.Context().Err() != nil {
 			return // the client left; its request context already cancelled the upstream
 		}
@@ -376,7 +379,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 		// (for SSE a missing [DONE]; for HTTP/1.1 an unterminated chunked body).
 		panic(http.ErrAbortHandler)
 	}
-	p.done(o, start)
+	p.done(r, o, start)
 }
 
 var errClientGone = errors.New("client write failed")

@@ -79,10 +79,10 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 	roleLit := quoteModel(role)
 	// fail answers a request no candidate saw, and counts it (target
 	// "none") so refusals show in the request metrics too.
-	fail := func(w http.ResponseWriter, e *APIError) {
+	fail := func(w http.ResponseWriter, r *http.Request, e *APIError) {
 		WriteError(w, e)
 		if obs := p.cfg.Observer; obs != nil {
-			obs.Done(Outcome{Role: role, Source: sourceApp, Status: e.Status})
+			obs.Done(Outcome{Role: role, Source: sourceApp, Status: e.Status, RequestID: headerValue(r.Header, RequestIDHeader)})
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -91,29 +91,29 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			p.serveModels(w, r, role)
 			return
 		case appRefused:
-			fail(w, e)
+			fail(w, r, e)
 			return
 		}
 		buf, asked, apiErr := p.readModelRequest(r, roleLit)
 		if apiErr != nil {
-			fail(w, apiErr)
+			fail(w, r, apiErr)
 			return
 		}
 		noteRequest(w, role, asked)
 		cands := p.cfg.Resolver.Resolve(role)
 		if len(cands) == 0 && p.pinned(role, asked) {
 			buf.release()
-			fail(w, errNoInstance(role))
+			fail(w, r, errNoInstance(role))
 			return
 		}
 		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
 			buf.release()
-			fail(w, errModelNotFound(decodeModel(asked), role))
+			fail(w, r, errModelNotFound(decodeModel(asked), role))
 			return
 		}
 		if len(cands) == 0 {
 			buf.release()
-			fail(w, errNoInstance(role))
+			fail(w, r, errNoInstance(role))
 			return
 		}
 		p.forward(w, r, role, sourceApp, buf, asked, cands)

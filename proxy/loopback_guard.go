@@ -28,6 +28,11 @@ func loopbackHost(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
+// LoopbackHost reports whether host, a Host header value or URL host with
+// or without a port, names this machine's loopback interface (the guard
+// the proxy puts before every role port, for other loopback servers).
+func LoopbackHost(host string) bool { return loopbackHost(host) }
+
 // checkBrowserOrigin refuses requests that carry an Origin that is not a
 // loopback origin: web pages must not drive the local model endpoint.
 func checkBrowserOrigin(origin string) bool {

@@ -71,6 +71,12 @@ type Outcome struct {
 	// are its counts.
 	Usage                          bool
 	PromptTokens, CompletionTokens int64
+	// RequestID is the request's X-Request-Id (the app's, or the one the
+	// proxy gave it).
+	RequestID string
+	// Attempts is how many candidates were sent the request (0: none was;
+	// more than 1: it failed over).
+	Attempts int
 }
 
 // Config configures a Proxy. Zero values mean the defaults.

@@ -91,6 +91,16 @@ type MeshNode struct {
 	// none measured yet, or this node).
 	RTTMillis float64    `json:"rtt_ms,omitempty"`
 	Roles     []MeshRole `json:"roles"`
+	// Uses: the roles the node's apps use and who serves each to it now
+	// (this node's own table; a peer's info answer).
+	Uses []MeshUse `json:"uses,omitempty"`
+}
+
+// MeshUse is a role a node uses and the nodes serving it to that node, in
+// the order its proxy tries them (the node itself for its own instance).
+type MeshUse struct {
+	Role  string   `json:"role"`
+	Nodes []string `json:"nodes"`
 }
 
 // MeshRole is a role a node serves from an instance of its own.
@@ -120,5 +130,36 @@ func (s *Server) meshViewRoutes(mux *http.ServeMux) {
 			return
 		}
 		reply(w, r, v.MeshView)
+	}))
+}
+
+// The web console's address over the admin API: GET /v0/console answers
+// its URL with the token (`infermesh console`); admin readers may ask, as
+// the console only reads too.
+
+// ConsoleBackend is the part of Backend that knows the console.
+type ConsoleBackend interface {
+	Console(ctx context.Context) (ConsoleInfo, error)
+}
+
+// ConsoleInfo is GET /v0/console's answer.
+type ConsoleInfo struct {
+	URL       string `json:"url"`        // with ?token=
+	TokenFile string `json:"token_file"` // where the agent keeps the token (0600)
+}
+
+// Console is GET /v0/console.
+func (c *Client) Console(ctx context.Context) (ConsoleInfo, error) {
+	return get[ConsoleInfo](ctx, c, "/v0/console")
+}
+
+func (s *Server) consoleRoutes(mux *http.ServeMux) {
+	b, ok := s.cfg.Backend.(ConsoleBackend)
+	mux.HandleFunc("GET /v0/console", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
+		if !ok {
+			writeError(w, Errorf(ErrNotConfigured, "this agent has no console"))
+			return
+		}
+		reply(w, r, b.Console)
 	}))
 }

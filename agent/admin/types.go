@@ -295,3 +295,23 @@ func (c Caller) String() string {
 	}
 	return fmt.Sprintf("uid %d pid %d", c.UID, c.PID)
 }
+
+// RecentRequest is one finished request, as GET /v0/requests and the
+// console list them.
+type RecentRequest struct {
+	Time   time.Time `json:"time"` // when it finished
+	ID     string    `json:"id"`   // X-Request-Id
+	Role   string    `json:"role"`
+	Source string    `json:"source"` // app (this host) or peer (served here for a peer)
+	// Target answered it: local, a peer node, or "" when none did.
+	Target         string  `json:"target"`
+	Status         int     `json:"status"`
+	DurationMillis float64 `json:"duration_ms"`
+	TTFTMillis     float64 `json:"ttft_ms,omitempty"` // first SSE event; 0 when not a stream
+	// Attempts is how many candidates were sent it (more than 1: it
+	// failed over).
+	Attempts         int   `json:"attempts"`
+	Aborted          bool  `json:"aborted,omitempty"`
+	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
+	CompletionTokens int64 `json:"completion_tokens,omitempty"`
+}

@@ -128,3 +128,25 @@ func roughDuration(d time.Duration) string {
 		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 	}
 }
+
+func init() {
+	register(newConsoleCmd)
+}
+
+func newConsoleCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "console",
+		Short: "Print the web console's URL, with the token the agent made at its start",
+		Long: `console prints the URL of the agent's read-only web console (admin.console,
+off by default), with the token it made at its start (kept in
+<state_dir>/console.token, mode 0600, replaced at every start). Open it in a
+browser on this host: the first visit trades the token for a cookie. The
+console answers loopback only and refuses other sites' pages.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.ConsoleInfo, error) {
+				return c.Console(ctx)
+			}, func(ci admin.ConsoleInfo) string { return ci.URL + "\n" })
+		},
+	}
+}
