@@ -40,10 +40,10 @@ type Admin struct {
 	// file; nil and "" when off.
 	console      *console.Server
 	consoleToken string
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closeOnce sync.Once
-	closeErr  error
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	closeOnce    sync.Once
+	closeErr     error
 }
 
 // OpenAdmin claims the admin socket (an agent already answering on it makes
