@@ -19,6 +19,7 @@ import (
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
 	"github.com/infermesh/infermesh/proxy"
+	"github.com/infermesh/infermesh/telemetry"
 )
 
 // Version is the agent's version, set at build time with -ldflags.
@@ -101,8 +102,9 @@ type Agent struct {
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
 	started time.Time
-	infos   infoCache  // peers' info answers, for the mesh view (backend_mesh.go)
-	recent  recentRing // the last requests the proxy finished (recent.go)
+	infos   infoCache          // peers' info answers, for the mesh view (backend_mesh.go)
+	recent  recentRing         // the last requests the proxy finished (recent.go)
+	tracing *telemetry.Tracing // nil unless telemetry.otlp_endpoint; Run shuts it down
 
 	mu        sync.Mutex
 	addrs     map[string]net.Addr // role -> bound proxy address
@@ -146,6 +148,14 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	if a.metrics, err = metrics.New(mcfg); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	var tracer proxy.Tracer // nil interface when off: the proxy asks nothing
+	if t := cfg.Telemetry; t.OTLPEndpoint != "" {
+		tr, err := telemetry.New(telemetry.Config{Endpoint: t.OTLPEndpoint, Sample: t.Sample, Node: cfg.Node.Name, Version: Version})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.tracing, tracer = tr, tr
+	}
 	resolver, remote, err := a.newScorer()
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
@@ -167,6 +177,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		WriteTimeout:    cfg.Proxy.WriteTimeout,
 		Server:          cfg.Proxy.Server,
 		Observer:        observers{Observer: a.metrics, recent: &a.recent},
+		Tracer:          tracer,
 		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
 		UpstreamKey:     a.upstreamKey,
 		NodeName:        cfg.Node.Name,
@@ -255,6 +266,9 @@ func (a *Agent) notify(state string) {
 // are adopted by the next start.
 func (a *Agent) Run(ctx context.Context) error {
 	a.started = time.Now()
+	// Runs last: the spans of the requests drained on the way out are
+	// exported too.
+	defer a.stopTracing()
 	if err := os.MkdirAll(a.config().Node.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -476,6 +490,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.shutdownTransport(sctx)
 	cancel()
 	return nil
+}
+
+// stopTracing exports the spans left, within 5s, and stops tracing.
+func (a *Agent) stopTracing() {
+	if a.tracing == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.tracing.Shutdown(ctx); err != nil {
+		a.log.Warn("traces not all exported", zap.Error(err))
+	}
 }
 
 // warnUnservableRoles logs the roles nothing can ever serve, with the

@@ -27,9 +27,23 @@ type Config struct {
 	Admin AdminConfig           `yaml:"admin"`
 	Proxy ProxyConfig           `yaml:"proxy"`
 	Roles map[string]RoleConfig `yaml:"roles" reload:"role"`
+	// Telemetry exports traces; off by default.
+	Telemetry TelemetryConfig `yaml:"telemetry"`
 
 	// path is the file the config was loaded from ("" when built in code).
 	path string `reload:"-"`
+}
+
+// TelemetryConfig exports traces of the requests over OTLP/HTTP (package
+// telemetry).
+type TelemetryConfig struct {
+	// OTLPEndpoint is the collector's OTLP/HTTP traces URL, e.g.
+	// http://127.0.0.1:4318/v1/traces (no path: /v1/traces). Empty: no
+	// tracing (the default).
+	OTLPEndpoint string `yaml:"otlp_endpoint" reload:"restart"`
+	// Sample is the fraction of new traces recorded (0 to 1; default 1).
+	// A request whose traceparent is sampled is always recorded.
+	Sample float64 `yaml:"sample" reload:"restart"`
 }
 
 // NodeConfig names this node and where it keeps its state.

@@ -71,6 +71,14 @@ func (c *Config) Validate() error {
 			return fieldErr("admin.metrics", "%q is not host:port", m)
 		}
 	}
+	if t := c.Telemetry; t.OTLPEndpoint != "" {
+		if u, err := url.Parse(t.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fieldErr("telemetry.otlp_endpoint", "%q is not an http(s) URL (e.g. http://127.0.0.1:4318/v1/traces)", t.OTLPEndpoint)
+		}
+	}
+	if s := c.Telemetry.Sample; s < 0 || s > 1 {
+		return fieldErr("telemetry.sample", "%v is not within 0 and 1", s)
+	}
 	if a := c.Admin.Console; a != "" && !loopbackHostPort(a) && !loopbackAnyPort(a) {
 		return fieldErr("admin.console", "%q is not a loopback host:port (the console is served on loopback only)", a)
 	}

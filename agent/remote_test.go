@@ -52,6 +52,7 @@ type testUpstream struct {
 	ids       []string // the X-Request-Id of every request
 	auths     []string // the Authorization of every request
 	agents    []string // the User-Agent of every request ("" for none)
+	parents   []string // the traceparent of every request ("" for none)
 	// key, when set, is the API key the instance requires (as vLLM's
 	// --api-key): any other Authorization gets 401.
 	key  atomic.Pointer[string]
@@ -84,6 +85,7 @@ func startUpstream(t testing.TB, model string, tokenDelay time.Duration) *testUp
 			u.ids = append(u.ids, r.Header.Get(proxy.RequestIDHeader))
 			u.auths = append(u.auths, r.Header.Get("Authorization"))
 			u.agents = append(u.agents, strings.Join(r.Header.Values("User-Agent"), ","))
+			u.parents = append(u.parents, r.Header.Get("Traceparent"))
 			u.mu.Unlock()
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			if k := u.key.Load(); k != nil && r.Header.Get("Authorization") != "Bearer "+*k {
@@ -161,8 +163,9 @@ type testMesh struct {
 	// meshYAML and proxyYAML add keys to a node's mesh section and to its
 	// proxy mapping ("k: v, " items).
 	meshYAML, proxyYAML map[string]string
-	// adminYAML adds keys to a node's admin mapping ("k: v, " items).
-	adminYAML map[string]string
+	// adminYAML adds keys to a node's admin mapping ("k: v, " items);
+	// extraYAML adds top-level sections to a node's config.
+	adminYAML, extraYAML map[string]string
 	// loggers is the logger of a node run in this process (default none).
 	loggers map[string]*zap.Logger
 	// procs runs these nodes as infermeshd processes (startProc).
@@ -261,6 +264,7 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 	// under -race can take over a second for one (a dead peer is found by
 	// the transport's short idle timeout, not by this bound).
 	fmt.Fprintf(&b, "proxy: {%sconnect_timeout: 5s, health_interval: 100ms, shutdown_timeout: %s}\n", tm.proxyYAML[name], cmp.Or(tm.shutdown, 2*time.Second))
+	b.WriteString(tm.extraYAML[name])
 	b.WriteString("roles:\n")
 	port := 20000
 	for role, r := range roles {

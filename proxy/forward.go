@@ -46,6 +46,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 	start := time.Now()
 	var last *attemptError
 	tried := 0 // candidates sent the request
+	rt := p.requestTrace(r)
+	if rt != nil {
+		names := make([]string, len(cands))
+		for i, c := range cands {
+			names[i] = c.Node
+		}
+		rt.Route(decodeModel(asked), names)
+	}
 	for i, c := range cands {
 		more := i < len(cands)-1
 		var resp *http.Response
@@ -57,12 +65,18 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			// Counted until forward returns: the response, streamed or
 			// not, is relayed before that.
 			defer p.busy.add(role)()
+			if rt != nil {
+				rt.Attempt(target, true, c.Model, r.Header)
+			}
 			resp, err = p.roundTripLocal(r, role, body, buf.model, c, source == sourcePeer)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
 				continue
 			}
 			target = c.Node
+			if rt != nil {
+				rt.Attempt(target, false, c.Model, r.Header)
+			}
 			resp, err = p.roundTripRemote(r, role, body, c)
 		default:
 			continue
@@ -81,6 +95,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 				p.done(r, Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true, Attempts: i + 1}, start)
 				return
 			}
+			if rt != nil {
+				rt.AttemptFailed(0, err)
+			}
 			last = &attemptError{target: target, api: classify(err, target)}
 			p.log.Debug("forward attempt failed", zap.String("role", role), zap.String("target", target), zap.Error(err))
 			continue
@@ -89,11 +106,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			// The peer agent itself refused (policy, admission): it will not
 			// serve this role to us, so another candidate may.
 			_ = resp.Body.Close()
+			if rt != nil {
+				rt.AttemptFailed(resp.StatusCode, nil)
+			}
 			last = &attemptError{target: target, api: errPeerRefused(target, role, why)}
 			continue
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable && more {
 			_ = resp.Body.Close()
+			if rt != nil {
+				rt.AttemptFailed(resp.StatusCode, nil)
+			}
 			last = &attemptError{target: target, api: errUpstream(target + " answered 503")}
 			continue
 		}
@@ -111,10 +134,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 }
 
 func (p *Proxy) done(r *http.Request, o Outcome, start time.Time) {
-	if obs := p.cfg.Observer; obs != nil {
-		o.Duration = time.Since(start)
-		o.RequestID = headerValue(r.Header, RequestIDHeader)
+	obs := p.cfg.Observer
+	if obs == nil && p.cfg.Tracer == nil {
+		return
+	}
+	o.Duration = time.Since(start)
+	o.RequestID = headerValue(r.Header, RequestIDHeader)
+	if obs != nil {
 		obs.Done(o)
+	}
+	if rt := p.requestTrace(r); rt != nil {
+		rt.Outcome(o)
 	}
 }
 

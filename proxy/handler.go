@@ -81,8 +81,12 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 	// "none") so refusals show in the request metrics too.
 	fail := func(w http.ResponseWriter, r *http.Request, e *APIError) {
 		WriteError(w, e)
+		o := Outcome{Role: role, Source: sourceApp, Status: e.Status, RequestID: headerValue(r.Header, RequestIDHeader)}
 		if obs := p.cfg.Observer; obs != nil {
-			obs.Done(Outcome{Role: role, Source: sourceApp, Status: e.Status, RequestID: headerValue(r.Header, RequestIDHeader)})
+			obs.Done(o)
+		}
+		if rt := p.requestTrace(r); rt != nil {
+			rt.Outcome(o)
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -127,6 +127,8 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Observer receives per-request measurements. Nil: none.
 	Observer Observer
+	// Tracer traces requests across the hop (trace.go). Nil: off.
+	Tracer Tracer
 	// PinnedModel names the model role's own instance serves (the config's
 	// roles.<r>.model), known even while no candidate is: a request for it
 	// then gets 503 with Retry-After (the instance is coming back), not

@@ -134,6 +134,11 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 			id = newRequestID()
 			r.Header[RequestIDHeader] = []string{id}
 		}
+		if p.cfg.Tracer != nil {
+			var rt RequestTrace
+			r, rt = p.startTrace(r, role, source)
+			defer rt.End()
+		}
 		wh := w.Header()
 		wh[RequestIDHeader] = []string{id}
 		if node != "" {
