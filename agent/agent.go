@@ -390,10 +390,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("shared port listening: every role, routed by model", zap.String("addr", addr.String()))
 	}
 
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		a.upkeepPlacement(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		a.watchCapacity(runCtx)
 	}()
 
 	prov, err := a.startProvisioning(runCtx, ad.Store())

@@ -239,6 +239,15 @@ type RoleConfig struct {
 	// Bearer on every request to it, an app's or a peer's. Read when the
 	// config is loaded or reloaded; a file other users can read is refused.
 	UpstreamAPIKeyFile string `yaml:"upstream_api_key_file" reload:"live"`
+	// Metrics says where the static upstream's capacity comes from: auto
+	// (default: llama.cpp's or vLLM's /metrics, whichever it serves),
+	// llamacpp, vllm, or none (the agent's own count). A managed instance
+	// has instance.metrics.
+	Metrics string `yaml:"metrics" reload:"live"`
+	// Capacity is how many requests the instance runs at once (its slots),
+	// when its metrics do not say (vLLM, or none); 0: unknown, or from
+	// llama.cpp's /slots.
+	Capacity int `yaml:"capacity" reload:"live"`
 
 	upstreamKey string `reload:"live,secret,from=upstream_api_key_file"` // read from UpstreamAPIKeyFile by Validate; never logged
 }
@@ -304,7 +313,9 @@ type InstanceConfig struct {
 	Port   int     `yaml:"port" reload:"instance"`
 	Mounts []Mount `yaml:"mounts" reload:"instance"`
 	// Health is the readiness path. Default /health.
-	Health  string        `yaml:"health" reload:"instance"`
+	Health string `yaml:"health" reload:"instance"`
+	// Metrics: as roles.<r>.metrics, for the managed instance.
+	Metrics string        `yaml:"metrics" reload:"live"`
 	Restart RestartPolicy `yaml:"restart"`
 	// GPUs the container may use (docker): all, a count, or device ids.
 	GPUs GPUs `yaml:"gpus" reload:"instance"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/infermesh/infermesh/config"
 
+	"github.com/infermesh/infermesh/enginestat"
 	"github.com/infermesh/infermesh/identity"
 	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/mesh"
@@ -135,6 +136,18 @@ func (c *Config) Validate() error {
 				// without a model named, both are the demo model's own.
 				r.Model = SimulatedModel
 			}
+		}
+		if !enginestat.ValidMode(r.Metrics) {
+			return fieldErr(f+".metrics", "%q is none of auto, llamacpp, vllm, none", r.Metrics)
+		}
+		if r.Instance != nil && !enginestat.ValidMode(r.Instance.Metrics) {
+			return fieldErr(f+".instance.metrics", "%q is none of auto, llamacpp, vllm, none", r.Instance.Metrics)
+		}
+		if r.Metrics != "" && r.Instance != nil {
+			return fieldErr(f+".metrics", "is for a static upstream; a managed instance has instance.metrics")
+		}
+		if r.Capacity < 0 || r.Capacity > 1<<20 {
+			return fieldErr(f+".capacity", "%d is not a slot count (0 to %d; 0: unknown)", r.Capacity, 1<<20)
 		}
 		for i, n := range r.ServeTo {
 			if err := validNodeName(n); err != nil {

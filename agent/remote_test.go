@@ -128,6 +128,7 @@ type roleSpec struct {
 	serveTo    []string
 	acceptFrom []string
 	keyFile    string // upstream_api_key_file
+	extra      string // more keys of the role, one YAML line ("metrics: none")
 }
 
 // testMesh is a set of nodes sharing a gossip keyring and static trust.
@@ -282,6 +283,9 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		}
 		if r.keyFile != "" {
 			fmt.Fprintf(&b, "    upstream_api_key_file: %s\n", r.keyFile)
+		}
+		if r.extra != "" {
+			fmt.Fprintf(&b, "    %s\n", r.extra)
 		}
 		if len(r.serveTo) > 0 {
 			fmt.Fprintf(&b, "    serve_to: [%s]\n", strings.Join(r.serveTo, ", "))

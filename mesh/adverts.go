@@ -47,18 +47,45 @@ type advertBody struct {
 	Model     string   `json:"model,omitempty"`
 	Load      uint32   `json:"load,omitempty"`
 	Methods   []string `json:"methods,omitempty"`
+	// Cap is the instance's capacity and use (placement.Capacity), absent
+	// when unknown. Nodes of earlier versions ignore it.
+	Cap *advertCap `json:"cap,omitempty"`
 	// Set is the origin's advert set at Seq: every role it serves. A
 	// newer set that omits a role withdraws it. Nil (absent) when the set
 	// would not fit in one advert.
 	Set []string `json:"set"`
 }
 
+// advertCap is placement.Capacity in an advert, with short names: it is
+// sent in every refresh of a busy role.
+type advertCap struct {
+	Slots   uint32  `json:"s,omitempty"`
+	Running uint32  `json:"r,omitempty"`
+	Waiting uint32  `json:"w,omitempty"`
+	KV      float32 `json:"kv,omitempty"`
+}
+
+func capOf(c placement.Capacity) *advertCap {
+	if !c.Known() {
+		return nil
+	}
+	return &advertCap{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KV: c.KVUsage}
+}
+
 func (b advertBody) advert() placement.Advert {
-	return placement.Advert{
+	ad := placement.Advert{
 		Name: placement.ServicePrefix + b.Role, Node: b.Origin,
 		API: b.API, Runtime: b.Runtime, Model: b.Model, Load: b.Load,
 		Methods: slices.Clone(b.Methods),
 	}
+	if c := b.Cap; c != nil {
+		kv := c.KV
+		if !(kv >= 0) { // NaN, or negative: a hostile or broken origin
+			kv = 0
+		}
+		ad.Capacity = placement.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: min(kv, 1)}
+	}
+	return ad
 }
 
 func encodeAdvert(body advertBody, priv ed25519.PrivateKey) ([]byte, error) {
@@ -495,11 +522,12 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		}
 		prev, ok := sent[role]
 		age := now.Sub(prev.at)
-		due := !ok || !prev.withdrawn.IsZero() || age >= refresh || !sameButLoad(prev.ad, ad) || (prev.ad.Load != ad.Load && age >= loadRefresh)
+		loadChanged := prev.ad.Load != ad.Load || prev.ad.Capacity != ad.Capacity
+		due := !ok || !prev.withdrawn.IsZero() || age >= refresh || !sameButLoad(prev.ad, ad) || (loadChanged && age >= loadRefresh)
 		if !due {
 			continue
 		}
-		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods, Set: set})
+		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods, Set: set, Cap: capOf(ad.Capacity)})
 		if err != nil {
 			m.log.Warn("cannot advertise role", zap.String("role", role), zap.Error(err))
 			continue
@@ -531,6 +559,8 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 	}
 }
 
+// sameButLoad: a and b differ at most in their load and capacity, which
+// are sent at most once a second.
 func sameButLoad(a, b placement.Advert) bool {
 	return a.Name == b.Name && a.Node == b.Node && a.API == b.API && a.Runtime == b.Runtime &&
 		a.Model == b.Model && slices.Equal(a.Methods, b.Methods)

@@ -270,7 +270,7 @@ func (t *Table) Resolve(role string) []Candidate {
 			continue // cheap checks first: admission may cost more
 		}
 		if len(t.reasons(r)) == 0 {
-			out = append(out, Candidate{Kind: KindRemote, Node: r.node, Model: r.ad.Model, Load: r.ad.Load})
+			out = append(out, Candidate{Kind: KindRemote, Node: r.node, Model: r.ad.Model, Load: r.ad.Load, Capacity: r.ad.Capacity})
 		}
 	}
 	sortRemotes(out[start:])
@@ -302,9 +302,12 @@ func (t *Table) Explain(role string) []Decision {
 	v := t.view(role)
 	var cands, rest []Decision
 	if v.hasLocal {
+		t.mu.RLock()
+		lc := t.localCap[role] // not in the view: Resolve does not read it
+		t.mu.RUnlock()
 		cands = append(cands, Decision{
 			Node: t.nodeID, Kind: KindLocal, Candidate: true,
-			Base: v.local.Base, Model: v.local.Model, Load: v.localLoad,
+			Base: v.local.Base, Model: v.local.Model, Load: v.localLoad, Capacity: lc,
 		})
 	}
 	start := len(cands)
@@ -315,7 +318,7 @@ func (t *Table) Explain(role string) []Decision {
 			HasAdvert: r.hasAdvert,
 		}
 		if r.hasAdvert {
-			d.Model, d.Load, d.Age = r.ad.Model, r.ad.Load, r.age
+			d.Model, d.Load, d.Age, d.Capacity = r.ad.Model, r.ad.Load, r.age, r.ad.Capacity
 		}
 		if len(d.Reasons) == 0 {
 			d.Candidate = true
@@ -347,6 +350,7 @@ func (t *Table) Snapshot() Snapshot {
 		AdvertTTL:  t.ttl,
 		Locals:     maps.Clone(t.local),
 		LocalLoad:  maps.Clone(t.localLoad),
+		LocalCap:   maps.Clone(t.localCap),
 		Allow:      setsToSorted(t.allow),
 		Serve:      setsToSorted(t.serve),
 		Exposed:    slices.Sorted(maps.Keys(t.exposed)),

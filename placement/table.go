@@ -44,6 +44,7 @@ type Table struct {
 	mu         sync.RWMutex
 	local      map[string]Local
 	localLoad  map[string]uint32
+	localCap   map[string]Capacity
 	remote     map[string]map[string]remoteEntry // role -> node -> entry
 	allow      map[string]map[string]struct{}    // consumer side: role -> nodes
 	serve      map[string]map[string]struct{}    // serving side: role -> peers
@@ -76,6 +77,7 @@ func New(cfg Config) (*Table, error) {
 		now:        cfg.Now,
 		local:      map[string]Local{},
 		localLoad:  map[string]uint32{},
+		localCap:   map[string]Capacity{},
 		remote:     map[string]map[string]remoteEntry{},
 		allow:      map[string]map[string]struct{}{},
 		serve:      map[string]map[string]struct{}{},
@@ -156,6 +158,7 @@ func (t *Table) DeregisterLocal(role string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.localLoad, role)
+	delete(t.localCap, role)
 	if _, ok := t.local[role]; ok {
 		delete(t.local, role)
 		t.bumpLocked()
@@ -171,6 +174,18 @@ func (t *Table) SetLocalLoad(role string, load uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.localLoad[role] = load
+}
+
+// SetLocalCapacity sets the capacity carried in our advertisements of
+// role (what its instance reports). Like SetLocalLoad it does not bump the
+// generation.
+func (t *Table) SetLocalCapacity(role string, c Capacity) {
+	if ValidateRole(role) != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.localCap[role] = c
 }
 
 // setMember adds or removes node from m[role]; it reports a real change.
@@ -443,13 +458,14 @@ func (t *Table) advertLocked(role string) (Advert, bool) {
 		return Advert{}, false
 	}
 	return Advert{
-		Name:    ServicePrefix + role,
-		Node:    t.nodeID,
-		API:     l.API,
-		Runtime: l.Runtime,
-		Model:   l.Model,
-		Load:    t.localLoad[role],
-		Methods: AdvertMethods(),
+		Name:     ServicePrefix + role,
+		Node:     t.nodeID,
+		API:      l.API,
+		Runtime:  l.Runtime,
+		Model:    l.Model,
+		Load:     t.localLoad[role],
+		Methods:  AdvertMethods(),
+		Capacity: t.localCap[role],
 	}, true
 }
 

@@ -149,7 +149,22 @@ type Advert struct {
 	Model   string
 	Load    uint32 // in-flight requests (or similar) at the origin, lower = better
 	Methods []string
+	// Capacity is what the origin's instance reports of its slots, queue
+	// and cache (the zero value: unknown).
+	Capacity Capacity
 }
+
+// Capacity is an instance's capacity and use, as its engine reports it
+// (llama.cpp's or vLLM's metrics) or its config states: how many requests
+// it runs at once (Slots; 0: unknown), how many it runs now and how many
+// wait for a slot, and the share of its KV cache in use (0 to 1).
+type Capacity struct {
+	Slots, Running, Waiting uint32
+	KVUsage                 float32
+}
+
+// Known reports whether anything is known of the capacity.
+func (c Capacity) Known() bool { return c != Capacity{} }
 
 // Role is the role of the advertisement's name, "" when the name lacks
 // ServicePrefix. The role is not validated.
@@ -170,7 +185,7 @@ func (a Advert) clone() Advert {
 // real change (it changes what Resolve or the proxy does).
 func (a Advert) sameContent(b Advert) bool {
 	if a.Name != b.Name || a.Node != b.Node || a.API != b.API || a.Runtime != b.Runtime ||
-		a.Model != b.Model || a.Load != b.Load || len(a.Methods) != len(b.Methods) {
+		a.Model != b.Model || a.Load != b.Load || a.Capacity != b.Capacity || len(a.Methods) != len(b.Methods) {
 		return false
 	}
 	for i := range a.Methods {
@@ -213,6 +228,9 @@ type Candidate struct {
 	Base  string // local only
 	Model string
 	Load  uint32 // remote only
+	// Capacity is the instance's capacity and use: the advert's (remote),
+	// SetLocalCapacity's (local).
+	Capacity Capacity
 }
 
 // Decision is Explain's verdict on one node for a role.
@@ -227,6 +245,7 @@ type Decision struct {
 	Load      uint32        // remote: advertised load; local: SetLocalLoad value
 	HasAdvert bool          // remote: an advert was received (fresh or not)
 	Age       time.Duration // remote with advert: time since our receipt
+	Capacity  Capacity      // remote: advertised; local: SetLocalCapacity value
 }
 
 // RemoteEntry is a received advertisement as Snapshot shows it.
@@ -246,6 +265,7 @@ type Snapshot struct {
 	AdvertTTL  time.Duration
 	Locals     map[string]Local    // role -> local instance
 	LocalLoad  map[string]uint32   // role -> load carried in our adverts
+	LocalCap   map[string]Capacity // role -> capacity carried in our adverts
 	Remotes    []RemoteEntry       // sorted by role, then node
 	Allow      map[string][]string // consumer side: role -> nodes allowed to serve it to us (sorted)
 	Serve      map[string][]string // serving side: role -> peers we serve it to (sorted)

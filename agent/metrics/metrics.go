@@ -90,6 +90,8 @@ type Metrics struct {
 	streams   *prometheus.GaugeVec
 	refusals  *prometheus.CounterVec
 	tokens    *prometheus.CounterVec
+	capacity  *prometheus.GaugeVec // the local instances' slots, running, waiting
+	kvUsage   *prometheus.GaugeVec
 
 	byCode   cache[codeKey, prometheus.Counter]
 	byTarget cache[targetKey, *targetChildren]
@@ -187,6 +189,15 @@ func New(cfg Config) (*Metrics, error) {
 		Name: "infermesh_refusals_total",
 		Help: "Refusals audited by this agent (placement, peers, the admin socket), by reason.",
 	}, []string{"reason"})
+	m.capacity = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "infermesh_instance_capacity",
+		Help: "The local instance's capacity and use, as its engine's metrics (llama.cpp, vLLM) or the role's capacity say, " +
+			"by role and kind: slots (how many it runs at once; 0 unknown), running, waiting (queued at the instance).",
+	}, []string{"role", "kind"})
+	m.kvUsage = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "infermesh_instance_kv_cache_usage_ratio",
+		Help: "The share of the local instance's KV cache in use, 0 to 1, as its engine reports it, by role.",
+	}, []string{"role"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "infermesh_build_info",
 		Help:        "The agent's version.",
@@ -196,7 +207,7 @@ func New(cfg Config) (*Metrics, error) {
 
 	cs := []prometheus.Collector{
 		m.requests, m.duration, m.ttft, m.bytes, m.aborted, m.attempts, m.failovers,
-		m.streams, m.refusals, m.tokens, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
+		m.streams, m.refusals, m.tokens, m.capacity, m.kvUsage, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
 	}
 	if !cfg.NoRuntimeCollectors {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -428,4 +439,18 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descPeerCertExpiry, prometheus.GaugeValue, float64(t.Unix()), node)
 		}
 	}
+}
+
+// SetCapacity records role's local instance capacity (placement.Capacity).
+func (m *Metrics) SetCapacity(role string, c placement.Capacity) {
+	m.capacity.WithLabelValues(role, "slots").Set(float64(c.Slots))
+	m.capacity.WithLabelValues(role, "running").Set(float64(c.Running))
+	m.capacity.WithLabelValues(role, "waiting").Set(float64(c.Waiting))
+	m.kvUsage.WithLabelValues(role).Set(float64(c.KVUsage))
+}
+
+// ForgetCapacity drops role's capacity (no local instance any more).
+func (m *Metrics) ForgetCapacity(role string) {
+	m.capacity.DeletePartialMatch(prometheus.Labels{"role": role})
+	m.kvUsage.DeleteLabelValues(role)
 }

@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/infermesh/infermesh/enginestat"
+	"github.com/infermesh/infermesh/placement"
+)
+
+// The local instances' capacity: what each says of its slots, queue and KV
+// cache (llama.cpp's and vLLM's metrics, read by package enginestat), or,
+// for an instance without metrics, the role's capacity (config) with the
+// agent's own in-flight count standing in for the rest. It is put in the
+// placement table (SetLocalCapacity), which the mesh advertises at most
+// once a second per change.
+//
+// An instance is asked at most every capacityEvery, and only while
+// requests flow through this agent to it or for capacityQuiet after its
+// numbers last changed (so the end of a burst is seen): an idle instance is
+// not asked at all. llama.cpp's /slots, which gives the slot count, is
+// asked at most every slotsEvery. An instance whose metrics fail is asked
+// again after capacityRetry; meanwhile the agent's count stands in.
+
+const (
+	capacityEvery   = 250 * time.Millisecond
+	capacityQuiet   = 5 * time.Second
+	capacityRetry   = 10 * time.Second
+	slotsEvery      = 30 * time.Second
+	capacityTimeout = time.Second
+	maxMetricsBytes = 4 << 20
+)
+
+// roleCapacity is what the watch keeps of one role's instance.
+type roleCapacity struct {
+	base       string
+	cap        placement.Capacity
+	asked      time.Time // last time anything was decided (scraped or not)
+	changed    time.Time // last time cap changed
+	failed     time.Time // last metrics failure (zero: none since success)
+	slots      int       // from /slots, 0 unknown
+	slotsAt    time.Time
+	slotsNever bool // /slots is not served: stop asking
+}
+
+// watchCapacity keeps the local instances' capacity in the table until ctx
+// ends.
+func (a *Agent) watchCapacity(ctx context.Context) {
+	client := &http.Client{Timeout: capacityTimeout}
+	defer client.CloseIdleConnections()
+	roles := map[string]*roleCapacity{}
+	t := time.NewTicker(capacityEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		locals := a.table.Snapshot().Locals
+		for role := range roles {
+			if _, ok := locals[role]; !ok {
+				delete(roles, role)
+				a.metrics.ForgetCapacity(role)
+			}
+		}
+		for role, l := range locals {
+			rc := roles[role]
+			if rc == nil || rc.base != l.Base {
+				rc = &roleCapacity{base: l.Base}
+				roles[role] = rc
+			}
+			a.updateCapacity(ctx, client, role, rc, time.Now())
+		}
+	}
+}
+
+// metricsMode is role's metrics setting: the managed instance's, else the
+// role's (a static upstream's); auto by default.
+func (a *Agent) metricsMode(role string) (mode string, capacity int) {
+	rc := a.config().Roles[role]
+	mode = rc.Metrics
+	if rc.Instance != nil && rc.Instance.Metrics != "" {
+		mode = rc.Instance.Metrics
+	}
+	if mode == "" {
+		mode = enginestat.Auto
+	}
+	return mode, rc.Capacity
+}
+
+func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role string, rc *roleCapacity, now time.Time) {
+	inFlight := max(a.proxy.LocalInFlight(role), 0)
+	if !rc.asked.IsZero() && inFlight == 0 && now.Sub(rc.changed) >= capacityQuiet {
+		return // idle: nothing to ask
+	}
+	rc.asked = now
+	mode, configured := a.metricsMode(role)
+	var c placement.Capacity
+	scraped := false
+	if mode != enginestat.None && (rc.failed.IsZero() || now.Sub(rc.failed) >= capacityRetry) {
+		st, err := a.scrapeMetrics(ctx, client, role, rc.base, mode)
+		switch {
+		case err != nil:
+			if rc.failed.IsZero() {
+				a.log.Info("instance metrics not read; the agent's own count stands in", zap.String("role", role), zap.Error(err))
+			}
+			rc.failed = now
+		default:
+			rc.failed, scraped = time.Time{}, true
+			c.Running, c.Waiting = uint32(st.Running), uint32(st.Waiting)
+			if st.HasKV {
+				c.KVUsage = float32(st.KVUsage)
+			}
+			if st.Engine == enginestat.LlamaCpp && !rc.slotsNever && now.Sub(rc.slotsAt) >= slotsEvery {
+				rc.slotsAt = now
+				if n, err := a.scrapeSlots(ctx, client, role, rc.base); err != nil {
+					rc.slotsNever = true // llama-server --no-slots: the config's capacity says
+				} else {
+					rc.slots = n
+				}
+			}
+		}
+	}
+	slots := rc.slots
+	if configured > 0 {
+		slots = configured
+	}
+	c.Slots = uint32(slots)
+	if !scraped {
+		// The agent's count: what it sent and has not had answered.
+		c.Running, c.Waiting = uint32(inFlight), 0
+		if s := int64(slots); s > 0 && inFlight > s {
+			c.Running, c.Waiting = uint32(s), uint32(inFlight-s)
+		}
+	}
+	if c != rc.cap || rc.changed.IsZero() {
+		rc.cap, rc.changed = c, now
+		a.table.SetLocalCapacity(role, c)
+		a.metrics.SetCapacity(role, c)
+	}
+}
+
+func (a *Agent) scrapeMetrics(ctx context.Context, client *http.Client, role, base, mode string) (enginestat.Stats, error) {
+	b, err := a.getInstance(ctx, client, role, base+"/metrics")
+	if err != nil {
+		return enginestat.Stats{}, err
+	}
+	return enginestat.Parse(b, mode)
+}
+
+func (a *Agent) scrapeSlots(ctx context.Context, client *http.Client, role, base string) (int, error) {
+	b, err := a.getInstance(ctx, client, role, base+"/slots")
+	if err != nil {
+		return 0, err
+	}
+	return enginestat.ParseSlots(b)
+}
+
+// getInstance GETs url of role's instance, with its API key when it needs
+// one.
+func (a *Agent) getInstance(ctx context.Context, client *http.Client, role, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if k := a.upstreamKey(role); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if len(b) > maxMetricsBytes {
+		return nil, fmt.Errorf("GET %s: over %d bytes", url, maxMetricsBytes)
+	}
+	return b, nil
+}

@@ -1,0 +1,103 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infermesh/infermesh/demomodel"
+	"github.com/infermesh/infermesh/placement"
+)
+
+// startEngine serves the demo model's engine mode (parallel slots, its
+// metrics in format) and returns it as a test upstream.
+func startEngine(t *testing.T, model, format string, parallel int) *testUpstream {
+	t.Helper()
+	cfg := demomodel.DefaultConfig()
+	cfg.Model, cfg.Parallel, cfg.Metrics, cfg.CacheTokens, cfg.CacheBlock = model, parallel, format, 4096, 4
+	cfg.DecodePerToken, cfg.TokenDelay, cfg.Tokens = 25*time.Millisecond, 25*time.Millisecond, 400
+	m, err := demomodel.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: m, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return &testUpstream{base: "http://" + ln.Addr().String()}
+}
+
+// holdChats sends n streamed chat requests for role to url and keeps them open
+// until the returned stop is called.
+func holdChats(t *testing.T, url, role string, n int) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions",
+				strings.NewReader(`{"model":"`+role+`","stream":true,"messages":[{"role":"user","content":"hold the slot for a while please"}]}`))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+func remoteCapacity(n *meshNode, role, node string) placement.Capacity {
+	for _, c := range n.agent.Table().Resolve(role) {
+		if c.Kind == placement.KindRemote && c.Node == node {
+			return c.Capacity
+		}
+	}
+	return placement.Capacity{}
+}
+
+// TestCapacityFromEngineMetricsReachesPeers: b serves chat from an engine
+// of 2 slots exporting llama.cpp's metrics (found by auto). With 3 streams
+// from a's apps held open, b reads 2 running, 1 waiting, its 2 slots
+// (/slots) and its KV cache in use, and a holds that in b's advert; once
+// they end, a sees b idle again. c's instance exports no metrics (metrics:
+// none) and has capacity 1: its own count stands in (1 running, 1
+// waiting with 2 streams).
+func TestCapacityFromEngineMetricsReachesPeers(t *testing.T) {
+	tm := newTestMesh(t, "a", "b", "c")
+	eb := startEngine(t, "model-b", demomodel.MetricsLlamaCpp, 2)
+	ec := startEngine(t, "model-c", demomodel.MetricsNone, 1)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}, "embed": {acceptFrom: []string{"c"}}}, false)
+	b := tm.start("b", map[string]roleSpec{"chat": {upstream: eb, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	tm.start("c", map[string]roleSpec{"embed": {upstream: ec, model: "model-c", expose: true, serveTo: []string{"a"}, extra: "metrics: none\n    capacity: 1"}}, false)
+	waitFor(t, "a resolves chat to b and embed to c", func() bool { return a.resolvesTo("chat", "b") && a.resolvesTo("embed", "c") })
+
+	stop := holdChats(t, a.url("chat"), "chat", 3)
+	waitFor(t, "a holds b's capacity: 2 slots, 2 running, 1 waiting, cache in use", func() bool {
+		c := remoteCapacity(a, "chat", "b")
+		return c.Slots == 2 && c.Running == 2 && c.Waiting == 1 && c.KVUsage > 0
+	})
+	if got := b.agent.Table().Snapshot().LocalCap["chat"]; got.Slots != 2 {
+		t.Errorf("b's own record of its capacity: %+v", got)
+	}
+	stop()
+	waitFor(t, "a sees b idle once the streams ended", func() bool {
+		c := remoteCapacity(a, "chat", "b")
+		return c.Slots == 2 && c.Running == 0 && c.Waiting == 0
+	})
+
+	stop = holdChats(t, a.url("embed"), "embed", 2)
+	defer stop()
+	waitFor(t, "a holds c's capacity from c's own count: 1 slot, 1 running, 1 waiting", func() bool {
+		c := remoteCapacity(a, "embed", "c")
+		return c.Slots == 1 && c.Running == 1 && c.Waiting == 1 && c.KVUsage == 0
+	})
+}

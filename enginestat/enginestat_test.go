@@ -1,0 +1,131 @@
+package enginestat
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infermesh/infermesh/demomodel"
+)
+
+// engineModel serves the demo model's engine mode: 2 slots, a cache,
+// metrics in format.
+func engineModel(t *testing.T, format string) *httptest.Server {
+	t.Helper()
+	cfg := demomodel.DefaultConfig()
+	cfg.Parallel, cfg.Metrics, cfg.CacheTokens, cfg.CacheBlock = 2, format, 4096, 4
+	cfg.DecodePerToken, cfg.TokenDelay, cfg.Tokens = 20*time.Millisecond, 20*time.Millisecond, 200
+	m, err := demomodel.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httptest.NewServer(m)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func fetch(t *testing.T, url string) []byte {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s = %d: %s", url, resp.StatusCode, b)
+	}
+	return b
+}
+
+// Against the engine mode in both formats, auto-detected and named: with
+// 3 streams sent to 2 slots, 2 run and 1 waits, and the KV cache is in
+// use; llama.cpp's /slots counts the 2 slots.
+func TestParseEngineMetrics(t *testing.T) {
+	for _, format := range []string{demomodel.MetricsLlamaCpp, demomodel.MetricsVLLM} {
+		t.Run(format, func(t *testing.T) {
+			s := engineModel(t, format)
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			for range 3 {
+				wg.Go(func() {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/v1/chat/completions",
+						strings.NewReader(`{"model":"demo","stream":true,"messages":[{"role":"user","content":"a prompt long enough to fill some cache blocks of the engine, and then some more words"}]}`))
+					req.Header.Set("Content-Type", "application/json")
+					if resp, err := http.DefaultClient.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				})
+			}
+			defer func() { cancel(); wg.Wait() }()
+			var st Stats
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				var err error
+				if st, err = Parse(fetch(t, s.URL+"/metrics"), Auto); err != nil {
+					t.Fatal(err)
+				}
+				if st.Running == 2 && st.Waiting == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("stats %+v, want 2 running and 1 waiting", st)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st.Engine != format || !st.HasKV || st.KVUsage <= 0 || st.KVUsage > 1 {
+				t.Errorf("stats %+v: want engine %s and the KV cache in use", st, format)
+			}
+			named, err := Parse(fetch(t, s.URL+"/metrics"), format)
+			if err != nil || named.Engine != format {
+				t.Errorf("Parse(%s) = %+v, %v", format, named, err)
+			}
+			other := map[string]string{LlamaCpp: VLLM, VLLM: LlamaCpp}[format]
+			if _, err := Parse(fetch(t, s.URL+"/metrics"), other); err == nil {
+				t.Errorf("%s's metrics read as %s", format, other)
+			}
+			if format == LlamaCpp {
+				n, err := ParseSlots(fetch(t, s.URL+"/slots"))
+				if err != nil || n != 2 {
+					t.Errorf("slots = %d, %v; want 2", n, err)
+				}
+			}
+		})
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	if _, err := Parse([]byte("go_goroutines 7\n"), Auto); err != ErrUnknownEngine {
+		t.Errorf("another server's metrics: %v, want ErrUnknownEngine", err)
+	}
+	if _, err := Parse([]byte("not { metrics"), Auto); err == nil {
+		t.Error("garbage parsed")
+	}
+	if _, err := ParseSlots([]byte(`{"error":"slots disabled"}`)); err == nil {
+		t.Error("an error object read as slots")
+	}
+	// vLLM's gauges once per model are summed; a NaN is skipped; KV use
+	// is clamped to 1.
+	st, err := Parse([]byte(`vllm:num_requests_running{model_name="a"} 2
+vllm:num_requests_running{model_name="b"} 3
+vllm:num_requests_waiting{model_name="a"} NaN
+vllm:gpu_cache_usage_perc{model_name="a"} 1.5
+`), Auto)
+	if err != nil || st.Running != 5 || st.Waiting != 0 || st.KVUsage != 1 || !st.HasKV {
+		t.Errorf("vLLM of two models = %+v, %v", st, err)
+	}
+	for _, m := range []string{"", Auto, LlamaCpp, VLLM, None} {
+		if !ValidMode(m) {
+			t.Errorf("ValidMode(%q) = false", m)
+		}
+	}
+	if ValidMode("sglang") {
+		t.Error("ValidMode(sglang) = true")
+	}
+}
