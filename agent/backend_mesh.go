@@ -138,8 +138,8 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 			decisions[[2]string{role, d.Node}] = d
 		}
 	}
-	meshRole := func(role, node, model string, load uint32) admin.MeshRole {
-		mr := admin.MeshRole{Name: role, Model: model, Load: load}
+	meshRole := func(role, node, model string, load uint32, c placement.Capacity) admin.MeshRole {
+		mr := admin.MeshRole{Name: role, Model: model, Load: load, Capacity: adminCapacity(c)}
 		if d, ok := decisions[[2]string{role, node}]; ok {
 			mr.ServesUs = d.Candidate
 			for _, r := range d.Reasons {
@@ -153,7 +153,7 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 	started := b.a.started.UTC()
 	selfNode.StartedAt = &started
 	for _, role := range ownRoles(snap) {
-		mr := meshRole(role, self, snap.Locals[role].Model, snap.LocalLoad[role])
+		mr := meshRole(role, self, snap.Locals[role].Model, snap.LocalLoad[role], snap.LocalCap[role])
 		n := uint32(min(max(b.a.proxy.LocalInFlight(role), 0), math.MaxUint32))
 		mr.InFlight = &n
 		selfNode.Roles = append(selfNode.Roles, mr)
@@ -210,7 +210,7 @@ func (b *Backend) MeshView(context.Context) (admin.MeshView, error) {
 			if h.Received.After(heard) {
 				heard = h.Received
 			}
-			mr := meshRole(h.Role, m.Name, h.Advert.Model, h.Advert.Load)
+			mr := meshRole(h.Role, m.Name, h.Advert.Model, h.Advert.Load, h.Advert.Capacity)
 			if h.Unlisted && len(mr.Why) == 0 {
 				mr.Why = []string{string(placement.ReasonNotAllowlisted)}
 			}

@@ -205,6 +205,7 @@ func (b *Backend) Route(_ context.Context, role string) (admin.Route, error) {
 		if d.HasAdvert {
 			ad.AgeSeconds = d.Age.Round(100 * time.Millisecond).Seconds()
 		}
+		ad.Capacity = adminCapacity(d.Capacity)
 		for _, r := range d.Reasons {
 			ad.Reasons = append(ad.Reasons, string(r))
 		}
@@ -339,4 +340,12 @@ func closeNames(a, b string) bool {
 		return true
 	}
 	return editDistance(norm(a), norm(b)) <= max(1, min(len(a), len(b))/4)
+}
+
+// adminCapacity is c in the admin API, nil when unknown.
+func adminCapacity(c placement.Capacity) *admin.Capacity {
+	if !c.Known() {
+		return nil
+	}
+	return &admin.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage}
 }

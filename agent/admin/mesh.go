@@ -115,6 +115,9 @@ type MeshRole struct {
 	// its info answer gave (fresher), when it answered.
 	Load     uint32  `json:"load"`
 	InFlight *uint32 `json:"in_flight,omitempty"`
+	// Capacity is what the node's instance reports of its slots, queue
+	// and cache (nil: unknown).
+	Capacity *Capacity `json:"capacity,omitempty"`
 }
 
 // MeshView is GET /v0/mesh.

@@ -133,6 +133,17 @@ type Decision struct {
 	Load       uint32   `json:"load"`
 	HasAdvert  bool     `json:"has_advert,omitempty"`
 	AgeSeconds float64  `json:"age_seconds,omitempty"`
+	// Capacity is the instance's, as it reports it (nil: unknown).
+	Capacity *Capacity `json:"capacity,omitempty"`
+}
+
+// Capacity is an instance's capacity and use, as its engine's metrics
+// (llama.cpp, vLLM) or the role's capacity say.
+type Capacity struct {
+	Slots   uint32  `json:"slots"` // requests it runs at once; 0 unknown
+	Running uint32  `json:"running"`
+	Waiting uint32  `json:"waiting"`  // queued at the instance
+	KVUsage float32 `json:"kv_usage"` // share of its KV cache in use, 0 to 1
 }
 
 // Policy kinds, as in the config file (roles.<r>.accept_from, ...).

@@ -104,7 +104,28 @@ func meshRoleText(self bool, r admin.MeshRole) string {
 	case !r.ServesUs:
 		state = "not a candidate"
 	}
-	return fmt.Sprintf("%s (%s, load %d)", r.Name, state, load)
+	return fmt.Sprintf("%s (%s, load %d%s)", r.Name, state, load, capacityText(r.Capacity))
+}
+
+// capacityText is an instance's capacity as ", 2/4 slots, 1 queued, kv
+// 42%" (what is known of it), "" when nothing is.
+func capacityText(c *admin.Capacity) string {
+	if c == nil {
+		return ""
+	}
+	s := ""
+	if c.Slots > 0 {
+		s += fmt.Sprintf(", %d/%d slots", c.Running, c.Slots)
+	} else {
+		s += fmt.Sprintf(", %d running", c.Running)
+	}
+	if c.Waiting > 0 {
+		s += fmt.Sprintf(", %d queued", c.Waiting)
+	}
+	if c.KVUsage > 0 {
+		s += fmt.Sprintf(", kv %d%%", int(c.KVUsage*100+0.5))
+	}
+	return s
 }
 
 // ago is d as "3s ago", coarser as it grows.

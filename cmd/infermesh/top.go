@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/infermesh/infermesh/agent/admin"
 )
 
 // `infermesh top`: a live view of this node's traffic, refreshed every
@@ -76,6 +78,14 @@ func runTop(ctx context.Context, a *app, interval time.Duration, once bool) erro
 		ctx = screen.start(ctx)
 		defer screen.stop()
 	}
+	show := func(st admin.Status, cur topSample) error {
+		rows := topRows(prev, cur)
+		prev = cur
+		if a.json {
+			return a.print(topFrame{Node: st.Node, At: cur.at.UTC().Format(time.RFC3339Nano), IntervalSeconds: interval.Seconds(), Roles: rows}, "")
+		}
+		return screen.frame(renderTop(st, rows, interval, cur.at))
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -85,20 +95,16 @@ func runTop(ctx context.Context, a *app, interval time.Duration, once bool) erro
 		case <-t.C:
 		}
 		cur, err := scrape()
-		if err != nil {
-			return err
-		}
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		rows := topRows(prev, cur)
-		prev = cur
-		if a.json {
-			if err := a.print(topFrame{Node: st.Node, At: cur.at.UTC().Format(time.RFC3339Nano), IntervalSeconds: interval.Seconds(), Roles: rows}, ""); err != nil {
-				return err
+		if err == nil {
+			var st admin.Status
+			if st, err = c.Status(ctx); err == nil {
+				err = show(st, cur)
 			}
-		} else if err := screen.frame(renderTop(st, rows, interval, cur.at)); err != nil {
+		}
+		if ctx.Err() != nil {
+			return nil // quit (q, Ctrl-C) while a frame was fetched
+		}
+		if err != nil {
 			return err
 		}
 		if once {

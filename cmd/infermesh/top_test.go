@@ -54,6 +54,10 @@ infermesh_time_to_first_token_seconds_bucket{role="chat",target="local",source="
 infermesh_time_to_first_token_seconds_sum{role="chat",target="local",source="app"} 1.9
 infermesh_time_to_first_token_seconds_count{role="chat",target="local",source="app"} 15
 infermesh_active_streams{role="chat"} 3
+infermesh_instance_capacity{role="chat",kind="slots"} 4
+infermesh_instance_capacity{role="chat",kind="running"} 4
+infermesh_instance_capacity{role="chat",kind="waiting"} 2
+infermesh_instance_kv_cache_usage_ratio{role="chat"} 0.5
 `
 	t0 := time.Unix(1000, 0)
 	prev, err := parseTopSample(before, t0)
@@ -72,6 +76,9 @@ infermesh_active_streams{role="chat"} 3
 	// 6 local + 2 b + 2 none in 2s.
 	if r.ReqPerSec != 5 || r.ErrPerSec != 1 || r.TokensPerSec != 40 || r.PeerReqPerSec != 2 || r.Streams != 3 {
 		t.Errorf("chat = %+v", r)
+	}
+	if !r.Local || r.Slots != 4 || r.Running != 4 || r.Waiting != 2 || r.KVUsage != 0.5 {
+		t.Errorf("chat's local instance = %+v, want 4/4 slots, 2 queued, kv 0.5", r)
 	}
 	want := []topShare{{"local", 0.6}, {"b", 0.2}, {"none", 0.2}}
 	if len(r.Share) != 3 {
@@ -147,6 +154,11 @@ func topAgent(t *testing.T) string {
 		t.Fatal(err)
 	}
 	startRealAgent(t, path)
+	// The load starts once the instance is registered: requests before
+	// would be answered 503 (nothing serves chat yet).
+	if out, errOut, code := runCLI(t, "route", "chat", "--serving", "--wait", "60s", "--socket", sock); code != 0 {
+		t.Fatalf("chat never served: exit %d\n%s%s", code, out, errOut)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -253,9 +265,14 @@ func TestTopInTmux(t *testing.T) {
 		t.Errorf("screen:\n%s", screen)
 	}
 	run("send-keys", "-t", "top", "q")
-	testproc.WaitUntil(t, "top exits on q", 30*time.Second, func() bool {
-		return strings.TrimSpace(run("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}")) == "1 0"
+	var dead string
+	testproc.WaitUntil(t, "top's pane to end on q", 30*time.Second, func() bool {
+		dead = strings.TrimSpace(run("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}"))
+		return strings.HasPrefix(dead, "1 ")
 	})
+	if dead != "1 0" {
+		t.Errorf("top ended with (pane dead, exit status) %q, want exit 0; the pane:\n%s", dead, run("capture-pane", "-p", "-t", "top"))
+	}
 }
 
 // discardBody reads and closes resp's body.

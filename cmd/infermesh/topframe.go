@@ -39,6 +39,10 @@ type topSample struct {
 	// cumulative count), by role.
 	ttft    map[string]map[float64]float64
 	streams map[string]float64
+	// instance: the local instance's capacity gauges by role, then kind
+	// (slots, running, waiting); kv its KV cache use.
+	instance map[string]map[string]float64
+	kv       map[string]float64
 }
 
 // parseTopSample reads the counters top shows from a metrics text.
@@ -49,7 +53,8 @@ func parseTopSample(text string, at time.Time) (topSample, error) {
 		return topSample{}, fmt.Errorf("the agent's metrics: %w", err)
 	}
 	s := topSample{at: at, appReqs: map[string]map[string]float64{}, appErrs: map[string]float64{},
-		peerReqs: map[string]float64{}, tokens: map[string]float64{}, ttft: map[string]map[float64]float64{}, streams: map[string]float64{}}
+		peerReqs: map[string]float64{}, tokens: map[string]float64{}, ttft: map[string]map[float64]float64{}, streams: map[string]float64{},
+		instance: map[string]map[string]float64{}, kv: map[string]float64{}}
 	for _, m := range metricsOf(fams, "infermesh_requests_total") {
 		l := labelsOf(m)
 		v := valueOf(m)
@@ -89,6 +94,16 @@ func parseTopSample(text string, at time.Time) (topSample, error) {
 	}
 	for _, m := range metricsOf(fams, "infermesh_active_streams") {
 		s.streams[labelsOf(m)["role"]] += valueOf(m)
+	}
+	for _, m := range metricsOf(fams, "infermesh_instance_capacity") {
+		l := labelsOf(m)
+		if s.instance[l["role"]] == nil {
+			s.instance[l["role"]] = map[string]float64{}
+		}
+		s.instance[l["role"]][l["kind"]] = valueOf(m)
+	}
+	for _, m := range metricsOf(fams, "infermesh_instance_kv_cache_usage_ratio") {
+		s.kv[labelsOf(m)["role"]] = valueOf(m)
 	}
 	return s, nil
 }
@@ -131,6 +146,10 @@ type topRow struct {
 	PeerReqPerSec  float64 // served here for peers
 	Share          []topShare
 	ServedRequests float64 // requests in the interval (the share's total)
+	// The local instance's capacity now (Local false: none here).
+	Local                   bool
+	Slots, Running, Waiting float64
+	KVUsage                 float64
 }
 
 // MarshalJSON writes the row with snake_case names, and the TTFT
@@ -157,7 +176,20 @@ func (r topRow) MarshalJSON() ([]byte, error) {
 		PeerReqPerSec float64    `json:"peer_requests_per_second"`
 		Requests      float64    `json:"requests"`
 		Share         []topShare `json:"served_by"`
-	}{r.Role, r.ReqPerSec, r.ErrPerSec, q(r.TTFTp50), q(r.TTFTp90), r.TokensPerSec, r.Streams, r.PeerReqPerSec, r.ServedRequests, share})
+		Instance      any        `json:"local_instance,omitempty"`
+	}{r.Role, r.ReqPerSec, r.ErrPerSec, q(r.TTFTp50), q(r.TTFTp90), r.TokensPerSec, r.Streams, r.PeerReqPerSec, r.ServedRequests, share, r.instanceJSON()})
+}
+
+func (r topRow) instanceJSON() any {
+	if !r.Local {
+		return nil
+	}
+	return struct {
+		Slots   float64 `json:"slots"`
+		Running float64 `json:"running"`
+		Waiting float64 `json:"waiting"`
+		KVUsage float64 `json:"kv_usage"`
+	}{r.Slots, r.Running, r.Waiting, r.KVUsage}
 }
 
 // topShare is the part of a role's requests one target served.
@@ -180,6 +212,9 @@ func topRows(prev, cur topSample) []topRow {
 		}
 	}
 	for r := range cur.appReqs {
+		roles[r] = true
+	}
+	for r := range cur.instance {
 		roles[r] = true
 	}
 	var out []topRow
@@ -215,6 +250,10 @@ func topRows(prev, cur topSample) []topRow {
 			buckets[le] = delta(n, prev.ttft[role][le])
 		}
 		row.TTFTp50, row.TTFTp90 = bucketQuantile(0.5, buckets), bucketQuantile(0.9, buckets)
+		if in, ok := cur.instance[role]; ok {
+			row.Local = true
+			row.Slots, row.Running, row.Waiting, row.KVUsage = in["slots"], in["running"], in["waiting"], cur.kv[role]
+		}
 		out = append(out, row)
 	}
 	slices.SortFunc(out, func(a, b topRow) int { return strings.Compare(a.Role, b.Role) })
@@ -275,15 +314,24 @@ func renderTop(st admin.Status, rows []topRow, interval time.Duration, at time.T
 	fmt.Fprintf(&b, "infermesh top: node %s %s, up %s, mesh %s; %s every %s\n\n",
 		st.Node, st.Version, roughDuration(time.Duration(st.UptimeSeconds*float64(time.Second))), mesh,
 		at.UTC().Format("15:04:05"), interval)
-	tbl := [][]string{{"ROLE", "REQ/S", "ERR/S", "TTFT P50", "TTFT P90", "TOK/S", "STREAMS", "PEERS REQ/S", "SERVED BY"}}
+	tbl := [][]string{{"ROLE", "REQ/S", "ERR/S", "TTFT P50", "TTFT P90", "TOK/S", "STREAMS", "PEERS REQ/S", "INSTANCE", "QUEUE", "KV", "SERVED BY"}}
 	for _, r := range rows {
+		inst, queue, kv := "-", "-", "-"
+		if r.Local {
+			inst = fmt.Sprintf("%d running", int(r.Running))
+			if r.Slots > 0 {
+				inst = fmt.Sprintf("%d/%d slots", int(r.Running), int(r.Slots))
+			}
+			queue = strconv.Itoa(int(r.Waiting))
+			kv = fmt.Sprintf("%d%%", int(math.Round(r.KVUsage*100)))
+		}
 		var share []string
 		for _, s := range r.Share {
 			share = append(share, fmt.Sprintf("%s %d%%", s.Target, int(math.Round(s.Fraction*100))))
 		}
 		tbl = append(tbl, []string{
 			r.Role, rate(r.ReqPerSec), rate(r.ErrPerSec), seconds(r.TTFTp50), seconds(r.TTFTp90), rate(r.TokensPerSec),
-			strconv.Itoa(int(r.Streams)), rate(r.PeerReqPerSec), joinOr(share, "-"),
+			strconv.Itoa(int(r.Streams)), rate(r.PeerReqPerSec), inst, queue, kv, joinOr(share, "-"),
 		})
 	}
 	if len(rows) == 0 {

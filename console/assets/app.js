@@ -42,6 +42,15 @@ function until(iso) {
   return "in " + Math.round(s / 86400) + "d";
 }
 
+// capText is an instance's capacity: ", 2/4 slots, 1 queued, kv 42%".
+function capText(c) {
+  if (!c) return "";
+  let s = c.slots > 0 ? `, ${c.running}/${c.slots} slots` : `, ${c.running} running`;
+  if (c.waiting > 0) s += `, ${c.waiting} queued`;
+  if (c.kv_usage > 0) s += `, kv ${Math.round(c.kv_usage * 100)}%`;
+  return s;
+}
+
 function clock(iso) {
   return new Date(iso).toLocaleTimeString();
 }
@@ -60,7 +69,12 @@ function drawMap(view) {
     pos[n.name] = { x: cx + rad * Math.cos(a), y: cy + rad * Math.sin(a) };
   });
   const load = {};
-  for (const n of view.nodes) for (const r of n.roles || []) load[n.name + "/" + r.name] = r.in_flight ?? r.load;
+  for (const n of view.nodes) {
+    for (const r of n.roles || []) {
+      const c = r.capacity;
+      load[n.name + "/" + r.name] = (r.in_flight ?? r.load) + (c && c.slots > 0 ? "/" + c.slots : "") + (c && c.waiting > 0 ? " +" + c.waiting + " queued" : "");
+    }
+  }
 
   const defs = svg("defs");
   const marker = svg("marker", { id: "head", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" });
@@ -120,7 +134,7 @@ function render(st) {
     el("td", {}, ago(n.last_heard)),
     el("td", {}, until(n.cert_expires)),
     el("td", {}, (n.roles || []).map((r) =>
-      `${r.name} (${r.serves_us ? (n.state === "self" ? "local" : "serves us") : "not: " + (r.why || []).join(",")}, load ${r.in_flight ?? r.load})`).join("; ") || "-"),
+      `${r.name} (${r.serves_us ? (n.state === "self" ? "local" : "serves us") : "not: " + (r.why || []).join(",")}, load ${r.in_flight ?? r.load}${capText(r.capacity)})`).join("; ") || "-"),
   ));
   rows(document.querySelector("#roles tbody"), st.routes, (rt) => {
     const cands = rt.decisions.filter((d) => d.candidate).sort((a, b) => a.rank - b.rank);
@@ -128,7 +142,7 @@ function render(st) {
     return el("tr", { "data-role": rt.role },
       el("td", {}, rt.role),
       el("td", {}, rt.serving || "nobody"),
-      el("td", {}, cands.map((d) => `${d.node} (${d.kind}, load ${d.load}${d.notes ? ", " + d.notes.join(", ") : ""})`).join(" → ") || "-"),
+      el("td", {}, cands.map((d) => `${d.node} (${d.kind}, load ${d.load}${capText(d.capacity)}${d.notes ? ", " + d.notes.join(", ") : ""})`).join(" → ") || "-"),
       el("td", {}, rest.map((d) => `${d.node}: ${(d.reasons || []).join(", ")}`).join("; ") || "-"),
     );
   });
