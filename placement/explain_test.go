@@ -101,6 +101,7 @@ func TestSnapshot(t *testing.T) {
 	l := Local{Base: "http://127.0.0.1:8081", Model: "lm", API: "openai", Runtime: "demo"}
 	_ = tb.RegisterLocal("chat", l)
 	tb.SetLocalLoad("chat", 2)
+	tb.SetLocalCapacity("chat", Capacity{Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.5})
 	tb.ExposeToMesh("chat", true)
 	tb.AllowMeshPeer("chat", "c", true)
 	tb.AllowMeshPeer("chat", "b", true)
@@ -118,6 +119,7 @@ func TestSnapshot(t *testing.T) {
 		AdvertTTL:  time.Minute,
 		Locals:     map[string]Local{"chat": l},
 		LocalLoad:  map[string]uint32{"chat": 2},
+		LocalCap:   map[string]Capacity{"chat": {Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.5}},
 		Remotes: []RemoteEntry{
 			{Role: "chat", Node: "b", Advert: advert("chat", "b", 0), ReceivedAt: recv.Add(10 * time.Second), Age: 5 * time.Second, Fresh: true},
 			{Role: "embed", Node: "c", Advert: advert("embed", "c", 1), ReceivedAt: recv, Age: 15 * time.Second, Fresh: true},
@@ -137,6 +139,7 @@ func TestSnapshot(t *testing.T) {
 	s.Remotes[0].Advert.Methods[0] = "zz"
 	s.Exposed[0] = "zz"
 	s.ProxyPorts["chat"] = 1
+	s.LocalCap["chat"] = Capacity{}
 	if again := tb.Snapshot(); !reflect.DeepEqual(again, want) {
 		t.Errorf("Snapshot() after mutating a previous one =\n%+v\nwant\n%+v", again, want)
 	}
