@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -178,6 +179,10 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		Server:          cfg.Proxy.Server,
 		Observer:        observers{Observer: a.metrics, recent: &a.recent},
 		Tracer:          tracer,
+		LoadReport: func(role string) proxy.LoadReport {
+			return proxy.LoadReport{Load: uint32(min(max(a.proxy.LocalInFlight(role), 0), math.MaxUint32)), Capacity: a.table.LocalCapacity(role)}
+		},
+		OnLoadReport: func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
 		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
 		UpstreamKey:     a.upstreamKey,
 		NodeName:        cfg.Node.Name,

@@ -93,6 +93,32 @@ func (t *Table) storeAdvert(role, sender string, ad Advert) Reason {
 	return ""
 }
 
+// ReportLoad takes node's load report for role, from its own answer to a
+// request (fresher than its adverts): the load and capacity replace those
+// of the advert held until the next advert, which replaces them in turn.
+// It does not make the advert fresher, and it is ignored when no advert of
+// node for role is held. It does not bump the generation: it changes the
+// order of candidates only, as a load in an advert does. It reports
+// whether the report was taken.
+func (t *Table) ReportLoad(role, node string, load uint32, c Capacity) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.remote[role][node]
+	if !ok {
+		return false
+	}
+	e.ad.Load, e.ad.Capacity = load, c
+	t.remote[role][node] = e
+	return true
+}
+
+// LocalCapacity is what SetLocalCapacity last set for role.
+func (t *Table) LocalCapacity(role string) Capacity {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.localCap[role]
+}
+
 // fresh reports whether an advertisement received at received still counts
 // at now. Freshness is measured from our receipt only.
 func (t *Table) fresh(received, now time.Time) bool {

@@ -372,3 +372,47 @@ func TestNoMeshResolvesLocalOnly(t *testing.T) {
 		t.Errorf("Resolve(chat) = %v, want [a]", got)
 	}
 }
+
+// A load report from a peer's answer reorders candidates at once, lasts
+// until the peer's next advert, never makes an advert fresher or revives an
+// expired one, leaves the generation alone, and is dropped for a node whose
+// advert is not held.
+func TestReportLoad(t *testing.T) {
+	env := newTestTable(t)
+	env.hear(t, "chat", "b", 0)
+	env.hear(t, "chat", "c", 1)
+	gen := env.t.Generation()
+	if got := nodes(env.t.Resolve("chat")); !reflect.DeepEqual(got, []string{"b", "c"}) {
+		t.Fatalf("before: %v", got)
+	}
+	c := Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9}
+	if !env.t.ReportLoad("chat", "b", 5, c) {
+		t.Fatal("ReportLoad(b) not taken")
+	}
+	got := env.t.Resolve("chat")
+	if !reflect.DeepEqual(nodes(got), []string{"c", "b"}) || got[1].Load != 5 || got[1].Capacity != c {
+		t.Fatalf("after b's report: %+v, want c then b with load 5 and %+v", got, c)
+	}
+	if env.t.Generation() != gen {
+		t.Errorf("generation moved %d -> %d", gen, env.t.Generation())
+	}
+	if env.t.ReportLoad("chat", "d", 0, Capacity{}) || env.t.ReportLoad("embed", "b", 0, Capacity{}) {
+		t.Error("a report for an advert not held was taken")
+	}
+	if got := nodes(env.t.Resolve("chat")); !reflect.DeepEqual(got, []string{"c", "b"}) {
+		t.Errorf("a report for d or embed changed chat: %v", got)
+	}
+	// The next advert replaces the report.
+	env.clock.Advance(time.Second)
+	env.hear(t, "chat", "b", 0)
+	if got := env.t.Resolve("chat"); !reflect.DeepEqual(nodes(got), []string{"b", "c"}) || got[0].Capacity != (Capacity{}) {
+		t.Errorf("after b's next advert: %+v", got)
+	}
+	// Freshness comes from adverts only.
+	env.clock.Advance(50 * time.Second)
+	env.t.ReportLoad("chat", "b", 0, Capacity{})
+	env.clock.Advance(11 * time.Second)
+	if got := nodes(env.t.Resolve("chat")); len(got) != 0 {
+		t.Errorf("61s after the adverts, with a report at 51s: %v, want none", got)
+	}
+}

@@ -102,6 +102,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			p.log.Debug("forward attempt failed", zap.String("role", role), zap.String("target", target), zap.Error(err))
 			continue
 		}
+		if c.Kind == placement.KindRemote && p.cfg.OnLoadReport != nil {
+			if v := headerValue(resp.Header, LoadHeader); v != "" {
+				if lr, ok := ParseLoadReport(v); ok {
+					p.cfg.OnLoadReport(role, target, lr)
+				}
+			}
+		}
 		if why := headerValue(resp.Header, RefusedHeader); why != "" && c.Kind == placement.KindRemote {
 			// The peer agent itself refused (policy, admission): it will not
 			// serve this role to us, so another candidate may.
@@ -311,6 +318,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	copyResponseHeaders(h, resp.Header, peer)
 	if peer {
 		h[ServedByHeader] = []string{target}
+	}
+	if source == sourcePeer && p.cfg.LoadReport != nil {
+		// Our answer to a peer: its consumer's view of us, fresher than
+		// our adverts.
+		h[LoadHeader] = []string{p.cfg.LoadReport(role).String()}
 	}
 	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")

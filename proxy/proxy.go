@@ -129,6 +129,13 @@ type Config struct {
 	Observer Observer
 	// Tracer traces requests across the hop (trace.go). Nil: off.
 	Tracer Tracer
+	// LoadReport gives the load report every answer to a peer for role
+	// carries (loadreport.go). Nil: none is sent.
+	LoadReport func(role string) LoadReport
+	// OnLoadReport takes the load report of node's answer for role,
+	// before the answer is relayed. Must be quick. Nil: reports are
+	// ignored.
+	OnLoadReport func(role, node string, r LoadReport)
 	// PinnedModel names the model role's own instance serves (the config's
 	// roles.<r>.model), known even while no candidate is: a request for it
 	// then gets 503 with Retry-After (the instance is coming back), not
