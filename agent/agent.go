@@ -182,14 +182,14 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		LoadReport: func(role string) proxy.LoadReport {
 			return proxy.LoadReport{Load: uint32(min(max(a.proxy.LocalInFlight(role), 0), math.MaxUint32)), Capacity: a.table.LocalCapacity(role)}
 		},
-		OnLoadReport: func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
-		PinnedModel:     func(role string) string { return a.config().Roles[role].Model },
-		UpstreamKey:     a.upstreamKey,
-		NodeName:        cfg.Node.Name,
-		AccessLog:       accessLog,
-		AccessLogSkip:   cfg.Proxy.AccessLogSkip(),
-		Listen:          a.binder.listen,
-		Logger:          a.log.Named("proxy"),
+		OnLoadReport:  func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
+		PinnedModel:   func(role string) string { return a.config().Roles[role].Model },
+		UpstreamKey:   a.upstreamKey,
+		NodeName:      cfg.Node.Name,
+		AccessLog:     accessLog,
+		AccessLogSkip: cfg.Proxy.AccessLogSkip(),
+		Listen:        a.binder.listen,
+		Logger:        a.log.Named("proxy"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
