@@ -146,6 +146,7 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 	mcfg := metrics.DefaultConfig()
 	mcfg.Version = Version
 	mcfg.Placement = table
+	mcfg.RouteQueues = func() map[string]int { return a.proxy.QueueLens() }
 	if a.metrics, err = metrics.New(mcfg); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -182,7 +183,20 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		LoadReport: func(role string) proxy.LoadReport {
 			return proxy.LoadReport{Load: uint32(min(max(a.proxy.LocalInFlight(role), 0), math.MaxUint32)), Capacity: a.table.LocalCapacity(role)}
 		},
-		OnLoadReport:  func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
+		OnLoadReport: func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
+		Routing:      func(role string) proxy.RouteConfig { return a.config().Roles[role].Routing.routeConfig() },
+		RTT: func(node string) time.Duration {
+			if m := a.Mesh(); m != nil {
+				return m.RTT(node)
+			}
+			return 0
+		},
+		PeerState: func(node, role string) proxy.PeerState {
+			if a.scorer == nil {
+				return proxy.PeerState{}
+			}
+			return a.scorer.State(node, role)
+		},
 		PinnedModel:   func(role string) string { return a.config().Roles[role].Model },
 		UpstreamKey:   a.upstreamKey,
 		NodeName:      cfg.Node.Name,

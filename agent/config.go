@@ -248,6 +248,8 @@ type RoleConfig struct {
 	// when its metrics do not say (vLLM, or none); 0: unknown, or from
 	// llama.cpp's /slots.
 	Capacity int `yaml:"capacity" reload:"live"`
+	// Routing is how requests for the role choose among its candidates.
+	Routing RoutingConfig `yaml:"routing"`
 
 	upstreamKey string `reload:"live,secret,from=upstream_api_key_file"` // read from UpstreamAPIKeyFile by Validate; never logged
 }
@@ -296,6 +298,35 @@ func readUpstreamKey(f, path string) (string, error) {
 		}
 	}
 	return key, nil
+}
+
+// RoutingConfig is how a role's requests choose among the local instance
+// and the peers that serve the role (package routing).
+type RoutingConfig struct {
+	// Policy is auto (default: by estimated time to first token, with
+	// locality and per-tenant affinity), local-first (the local instance,
+	// then peers by load: the seed's order) or least-loaded.
+	Policy string `yaml:"policy" reload:"live"`
+	// Margin is how much worse than the best a candidate's estimate may be
+	// and it is still kept for locality or affinity: Absolute or Relative
+	// times the best, whichever is more lenient. Defaults 50ms and 1.5.
+	Margin RoutingMargin `yaml:"margin"`
+	// Queue holds requests at this agent while every candidate is full.
+	Queue RoutingQueue `yaml:"queue"`
+}
+
+// RoutingMargin is routing.margin.
+type RoutingMargin struct {
+	Absolute time.Duration `yaml:"absolute" reload:"live"`
+	Relative float64       `yaml:"relative" reload:"live"`
+}
+
+// RoutingQueue is routing.queue: at most Max requests wait, each at most
+// Timeout, for a candidate to free a slot; then 503 server_busy with
+// Retry-After. Max 0 (default): none wait at this agent.
+type RoutingQueue struct {
+	Max     int           `yaml:"max" reload:"live"`
+	Timeout time.Duration `yaml:"timeout" reload:"live"`
 }
 
 // InstanceConfig describes a managed local instance.

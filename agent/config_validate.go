@@ -19,6 +19,8 @@ import (
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/provision"
+	"github.com/infermesh/infermesh/proxy"
+	"github.com/infermesh/infermesh/routing"
 )
 
 // Validate fills defaults and checks every field, naming the first bad one.
@@ -145,6 +147,9 @@ func (c *Config) Validate() error {
 		}
 		if r.Metrics != "" && r.Instance != nil {
 			return fieldErr(f+".metrics", "is for a static upstream; a managed instance has instance.metrics")
+		}
+		if err := r.Routing.validate(f + ".routing"); err != nil {
+			return err
 		}
 		if r.Capacity < 0 || r.Capacity > 1<<20 {
 			return fieldErr(f+".capacity", "%d is not a slot count (0 to %d; 0: unknown)", r.Capacity, 1<<20)
@@ -438,4 +443,47 @@ func loopbackHostPort(hp string) bool {
 	}
 	ip := net.ParseIP(h)
 	return ip != nil && ip.IsLoopback()
+}
+
+// maxRouteQueue bounds routing.queue.max.
+const maxRouteQueue = 1 << 16
+
+func (c RoutingConfig) validate(f string) error {
+	if c.Policy != "" {
+		if _, err := routing.ParsePolicy(c.Policy); err != nil {
+			return fieldErr(f+".policy", "%q is none of auto, local-first, least-loaded", c.Policy)
+		}
+	}
+	if c.Margin.Absolute < 0 {
+		return fieldErr(f+".margin.absolute", "%v is negative", c.Margin.Absolute)
+	}
+	if m := c.Margin.Relative; m != 0 && (m < 1 || m > 100 || m != m) {
+		return fieldErr(f+".margin.relative", "%v is not a factor from 1 to 100", m)
+	}
+	if c.Queue.Max < 0 || c.Queue.Max > maxRouteQueue {
+		return fieldErr(f+".queue.max", "%d is not from 0 to %d", c.Queue.Max, maxRouteQueue)
+	}
+	if c.Queue.Timeout < 0 {
+		return fieldErr(f+".queue.timeout", "%v is negative", c.Queue.Timeout)
+	}
+	if c.Queue.Timeout > 0 && c.Queue.Max == 0 {
+		return fieldErr(f+".queue.timeout", "set without queue.max: no request waits")
+	}
+	return nil
+}
+
+// routeConfig is the proxy's view of c.
+func (c RoutingConfig) routeConfig() proxy.RouteConfig {
+	pol, _ := routing.ParsePolicy(c.Policy) // validated; "" is auto
+	if c.Policy == "" {
+		pol = routing.PolicyAuto
+	}
+	p := routing.DefaultParams()
+	if c.Margin.Absolute > 0 {
+		p.AbsMargin = c.Margin.Absolute
+	}
+	if c.Margin.Relative > 0 {
+		p.RelMargin = c.Margin.Relative
+	}
+	return proxy.RouteConfig{Policy: pol, Params: p, QueueMax: c.Queue.Max, QueueTimeout: c.Queue.Timeout}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -31,6 +32,9 @@ func (r *recentRing) add(o proxy.Outcome, now time.Time) {
 	}
 	if o.FirstEvent > 0 {
 		rr.TTFTMillis = float64(o.FirstEvent.Microseconds()) / 1000
+	}
+	if o.Route != nil {
+		rr.Route = routeDecision(o, rr.Time)
 	}
 	r.mu.Lock()
 	r.buf[r.next] = rr
@@ -65,3 +69,48 @@ func (o observers) Done(out proxy.Outcome) {
 
 // RecentRequests lists the last requests the proxy finished, newest first.
 func (a *Agent) RecentRequests() []admin.RecentRequest { return a.recent.list() }
+
+// find returns the kept request id of role, newest first.
+func (r *recentRing) find(role, id string) (admin.RecentRequest, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := int(min(r.n, recentSize))
+	for i := 1; i <= n; i++ {
+		if e := r.buf[(r.next-i+recentSize)%recentSize]; e.ID == id && e.Role == role {
+			return e, true
+		}
+	}
+	return admin.RecentRequest{}, false
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// routeDecision is o's route as the admin API shows it.
+func routeDecision(o proxy.Outcome, at time.Time) *admin.RouteDecision {
+	ri := o.Route
+	d := &admin.RouteDecision{ID: o.RequestID, Role: o.Role, Time: at, Policy: ri.Policy, Reason: ri.Reason,
+		Key: ri.Key, Tokens: ri.Tokens, QueuedMillis: millis(ri.Queued), Target: o.Target, Status: o.Status,
+		Candidates: make([]admin.RouteEstimate, len(ri.Candidates))}
+	for i, c := range ri.Candidates {
+		d.Candidates[i] = admin.RouteEstimate{Target: c.Target, Estimated: c.Estimated,
+			EstimateMillis: millis(c.Estimate), QueueMillis: millis(c.Queue), PrefillMillis: millis(c.Prefill),
+			NetworkMillis: millis(c.Network), PenaltyMillis: millis(c.Penalty), CachedTokens: c.Cached,
+			InFlight: c.InFlight, Slots: c.Slots, Full: c.Full, Affine: c.Affine}
+	}
+	return d
+}
+
+// RouteRequest implements admin.RouteRequester: the decision for request
+// id of role, while the ring of recent requests holds it.
+func (b *Backend) RouteRequest(_ context.Context, role, id string) (admin.RouteDecision, error) {
+	e, ok := b.a.recent.find(role, id)
+	switch {
+	case !ok:
+		return admin.RouteDecision{}, admin.Errorf(admin.ErrNotFound,
+			"no request %q of role %q among the last %d this agent finished", id, role, recentSize)
+	case e.Route == nil:
+		return admin.RouteDecision{}, admin.Errorf(admin.ErrNotFound,
+			"request %q of role %q had one candidate (target %q): nothing was decided", id, role, e.Target)
+	}
+	return *e.Route, nil
+}

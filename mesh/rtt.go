@@ -77,3 +77,10 @@ func (d *pingDelegate) NotifyPingComplete(other *memberlist.Node, rtt time.Durat
 	}
 	m.rtt.observe(other.Name, rtt, time.Now())
 }
+
+// RTT is the smoothed round-trip time to node, 0 before one is measured
+// (or for a node not in the mesh).
+func (m *Mesh) RTT(node string) time.Duration {
+	rtt, _ := m.rtt.get(node)
+	return rtt
+}

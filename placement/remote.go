@@ -222,6 +222,7 @@ type roleView struct {
 	local     Local
 	hasLocal  bool
 	localLoad uint32
+	localCap  Capacity
 	remotes   []remoteView // entries and allowlisted nodes, sorted by node id
 }
 
@@ -233,6 +234,7 @@ func (t *Table) view(role string) roleView {
 	var v roleView
 	v.local, v.hasLocal = t.local[role]
 	v.localLoad = t.localLoad[role]
+	v.localCap = t.localCap[role]
 	for node, e := range t.remote[role] {
 		v.remotes = append(v.remotes, remoteView{
 			node:        node,
@@ -304,7 +306,7 @@ func (t *Table) Resolve(role string) []Candidate {
 }
 
 func (t *Table) localCandidate(v roleView) Candidate {
-	return Candidate{Kind: KindLocal, Node: t.nodeID, Base: v.local.Base, Model: v.local.Model}
+	return Candidate{Kind: KindLocal, Node: t.nodeID, Base: v.local.Base, Model: v.local.Model, Capacity: v.localCap}
 }
 
 // sortRemotes orders remote candidates least Load first, ties by node id.
@@ -328,9 +330,7 @@ func (t *Table) Explain(role string) []Decision {
 	v := t.view(role)
 	var cands, rest []Decision
 	if v.hasLocal {
-		t.mu.RLock()
-		lc := t.localCap[role] // not in the view: Resolve does not read it
-		t.mu.RUnlock()
+		lc := v.localCap
 		cands = append(cands, Decision{
 			Node: t.nodeID, Kind: KindLocal, Candidate: true,
 			Base: v.local.Base, Model: v.local.Model, Load: v.localLoad, Capacity: lc,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/infermesh/infermesh/internal/jsonskip"
 	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/routing"
 )
 
 // attemptError says why one candidate could not serve a request before any
@@ -46,6 +47,31 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 	start := time.Now()
 	var last *attemptError
 	tried := 0 // candidates sent the request
+	var rr *routeReq
+	if source == sourceApp && len(cands) > 1 {
+		var apiErr *APIError
+		cands, rr, apiErr = p.route(r, role, body, cands)
+		if cands == nil {
+			if apiErr == nil { // the client went away while queued
+				p.done(r, Outcome{Role: role, Source: source, Status: 499, Aborted: true}, start)
+				return
+			}
+			WriteError(w, apiErr)
+			p.done(r, Outcome{Role: role, Source: source, Status: apiErr.Status}, start)
+			return
+		}
+		defer rr.release(p.router)
+		noteRoute(w, &rr.info)
+	}
+	if rr != nil || source == sourcePeer {
+		// A slot may free when this ends: the head of the role's queue
+		// looks again.
+		defer p.kick(role)
+	}
+	var route *RouteInfo
+	if rr != nil {
+		route = &rr.info
+	}
 	rt := p.requestTrace(r)
 	if rt != nil {
 		names := make([]string, len(cands))
@@ -68,6 +94,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			if rt != nil {
 				rt.Attempt(target, true, c.Model, r.Header)
 			}
+			if rr != nil {
+				p.kick(role) // counted: the next in line decides with it
+			}
 			resp, err = p.roundTripLocal(r, role, body, buf.model, c, source == sourcePeer)
 		case placement.KindRemote:
 			if p.cfg.Remote == nil {
@@ -76,6 +105,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			target = c.Node
 			if rt != nil {
 				rt.Attempt(target, false, c.Model, r.Header)
+			}
+			defer p.dispatched(role, c)()
+			if rr != nil {
+				p.kick(role)
 			}
 			resp, err = p.roundTripRemote(r, role, body, c)
 		default:
@@ -92,7 +125,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		if err != nil {
 			if r.Context().Err() != nil {
 				// The client went away; nobody is left to answer.
-				p.done(r, Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true, Attempts: i + 1}, start)
+				p.done(r, Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true, Attempts: i + 1, Route: route}, start)
 				return
 			}
 			if rt != nil {
@@ -105,7 +138,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		if c.Kind == placement.KindRemote && p.cfg.OnLoadReport != nil {
 			if v := headerValue(resp.Header, LoadHeader); v != "" {
 				if lr, ok := ParseLoadReport(v); ok {
+					p.router.takeReport(role, target)
 					p.cfg.OnLoadReport(role, target, lr)
+					p.kick(role)
 				}
 			}
 		}
@@ -128,16 +163,25 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			continue
 		}
 		release()
-		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start, tried)
+		if rr != nil {
+			rr.learn(p.router, role, c, i, time.Since(t0), resp.StatusCode)
+			if i > 0 {
+				rr.info.Reason = string(routing.ReasonFailover)
+			}
+		}
+		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start, tried, route)
+		if rr != nil {
+			rr.finish(p.router, role, c, i, time.Since(t0))
+		}
 		return
 	}
 	if last == nil {
 		WriteError(w, errNoInstance(role))
-		p.done(r, Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable, Attempts: tried}, start)
+		p.done(r, Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable, Attempts: tried, Route: route}, start)
 		return
 	}
 	WriteError(w, last.api)
-	p.done(r, Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status, Attempts: tried}, start)
+	p.done(r, Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status, Attempts: tried, Route: route}, start)
 }
 
 func (p *Proxy) done(r *http.Request, o Outcome, start time.Time) {
@@ -312,7 +356,7 @@ func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, mesh bool)
 // says resp is a peer agent's answer (target is the node it was verified
 // as): only PeerResponseHeaders pass, and the response names target as the
 // node that served it.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time, tried int) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time, tried int, route *RouteInfo) {
 	defer resp.Body.Close()
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header, peer)
@@ -327,7 +371,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
-	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode, Attempts: tried}
+	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode, Attempts: tried, Route: route}
 
 	var body io.Reader = resp.Body
 	pinStream := false // the answer's model is rewritten as it streams

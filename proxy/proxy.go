@@ -77,6 +77,9 @@ type Outcome struct {
 	// Attempts is how many candidates were sent the request (0: none was;
 	// more than 1: it failed over).
 	Attempts int
+	// Route is how the candidate was chosen (route.go); nil when there
+	// was nothing to choose (one candidate, or a peer's request).
+	Route *RouteInfo
 }
 
 // Config configures a Proxy. Zero values mean the defaults.
@@ -136,6 +139,15 @@ type Config struct {
 	// before the answer is relayed. Must be quick. Nil: reports are
 	// ignored.
 	OnLoadReport func(role, node string, r LoadReport)
+	// Routing gives a role's routing settings (route.go), read on every
+	// request with more than one candidate. Nil: the defaults (policy
+	// auto, no queue).
+	Routing func(role string) RouteConfig
+	// RTT is the measured round trip to a peer node (0: unknown).
+	RTT func(node string) time.Duration
+	// PeerState says what this node remembers of node's recent answers
+	// for role (PeerScorer.State). Nil: nothing.
+	PeerState func(node, role string) PeerState
 	// PinnedModel names the model role's own instance serves (the config's
 	// roles.<r>.model), known even while no candidate is: a request for it
 	// then gets 503 with Retry-After (the instance is coming back), not
@@ -243,6 +255,7 @@ type Proxy struct {
 	local   *http.Transport // local instances with other schemes
 	log     *zap.Logger
 	busy    busyCounts   // requests at the local instance, per role
+	router  *router      // route.go
 	bodyMem *memBudget   // request bodies in flight
 	conns   *connLimiter // client connections of every role port
 
@@ -290,6 +303,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg: cfg, up: up, local: tr, log: cfg.Logger, servers: map[string]*roleServer{},
 		bodyMem: &memBudget{max: cfg.MaxBodyMemory},
 		conns:   &connLimiter{max: int64(cfg.MaxConns)},
+		router:  newRouter(),
 	}, nil
 }
 

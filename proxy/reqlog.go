@@ -81,6 +81,7 @@ type reqWriter struct {
 	start  time.Time
 	model  []byte // the JSON literal the client asked for; set by the handler
 	role   string
+	route  *RouteInfo // how its candidate was chosen; set by forward
 }
 
 func (w *reqWriter) WriteHeader(status int) {
@@ -117,6 +118,39 @@ func noteRequest(w http.ResponseWriter, role string, model []byte) {
 	if rw, ok := w.(*reqWriter); ok {
 		rw.role, rw.model = role, model
 	}
+}
+
+// noteRoute tells the access log how the request's candidate was chosen.
+func noteRoute(w http.ResponseWriter, route *RouteInfo) {
+	if rw, ok := w.(*reqWriter); ok {
+		rw.route = route
+	}
+}
+
+// routeFields are the access log's fields of a routed request: the reason,
+// and the estimate and the expected cached prefix of the candidate that
+// answered (target: "local" or a peer).
+func routeFields(ri *RouteInfo, target string) []zap.Field {
+	f := []zap.Field{zap.String("route", ri.Reason), zap.String("affinity_key", ri.Key)}
+	for _, c := range ri.Candidates {
+		if c.Target == target && c.Estimated {
+			f = append(f, zap.Duration("estimate", c.Estimate), zap.Int("expected_cached_tokens", c.Cached))
+			break
+		}
+	}
+	if ri.Queued > 0 {
+		f = append(f, zap.Duration("queued", ri.Queued))
+	}
+	return f
+}
+
+// servedByTarget is a served-by node as a route's target: "local" for
+// this node.
+func servedByTarget(servedBy, node string) string {
+	if servedBy == node {
+		return "local"
+	}
+	return servedBy
 }
 
 // traced gives every request an id and the served-by header and logs it
@@ -168,12 +202,17 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 			if ce == nil {
 				return
 			}
-			ce.Write(
+			servedBy := headerValue(w.Header(), ServedByHeader)
+			fields := []zap.Field{
 				zap.String("id", id), zap.String("source", source), zap.String("role", rw.role),
-				zap.String("model", rw.modelName()), zap.String("served_by", headerValue(w.Header(), ServedByHeader)),
+				zap.String("model", rw.modelName()), zap.String("served_by", servedBy),
 				zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status),
 				zap.Duration("duration", time.Since(rw.start)), zap.Duration("ttfb", rw.ttfb),
-				zap.Int64("bytes", rw.bytes), zap.Bool("aborted", !finished))
+				zap.Int64("bytes", rw.bytes), zap.Bool("aborted", !finished)}
+			if rw.route != nil {
+				fields = append(fields, routeFields(rw.route, servedByTarget(servedBy, node))...)
+			}
+			ce.Write(fields...)
 		}()
 		h.ServeHTTP(rw, r)
 		finished = true

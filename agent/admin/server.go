@@ -266,6 +266,7 @@ func (s *Server) routes() http.Handler {
 	s.nodeRoutes(mux)
 	s.meshRoutes(mux)
 	s.meshViewRoutes(mux)
+	s.routeRequestRoutes(mux)
 	s.consoleRoutes(mux)
 	mux.HandleFunc("/", s.guard(false, func(w http.ResponseWriter, r *http.Request, _ Caller) {
 		writeError(w, Errorf(ErrNotFound, "no such admin route: %s %s", r.Method, r.URL.Path))

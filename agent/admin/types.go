@@ -325,4 +325,7 @@ type RecentRequest struct {
 	Aborted          bool  `json:"aborted,omitempty"`
 	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
 	CompletionTokens int64 `json:"completion_tokens,omitempty"`
+	// Route is how its candidate was chosen; nil when there was one
+	// candidate only (or it came from a peer).
+	Route *RouteDecision `json:"route,omitempty"`
 }

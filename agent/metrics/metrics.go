@@ -62,6 +62,10 @@ type Config struct {
 	// TTFTBuckets are the time-to-first-token buckets, in seconds.
 	// Default: 5ms to ~80s, exponential.
 	TTFTBuckets []float64
+	// RouteQueues gives, at scrape time, how many requests wait in each
+	// role's routing queue (proxy.Proxy.QueueLens). Nil: the series is
+	// absent.
+	RouteQueues func() map[string]int
 	// NoRuntimeCollectors leaves out the Go runtime and process
 	// collectors (tests that compare whole expositions).
 	NoRuntimeCollectors bool
@@ -92,6 +96,8 @@ type Metrics struct {
 	tokens    *prometheus.CounterVec
 	capacity  *prometheus.GaugeVec // the local instances' slots, running, waiting
 	kvUsage   *prometheus.GaugeVec
+	decisions *prometheus.CounterVec // route decisions by role and reason
+	queueWait *prometheus.HistogramVec
 
 	byCode   cache[codeKey, prometheus.Counter]
 	byTarget cache[targetKey, *targetChildren]
@@ -198,6 +204,16 @@ func New(cfg Config) (*Metrics, error) {
 		Name: "infermesh_instance_kv_cache_usage_ratio",
 		Help: "The share of the local instance's KV cache in use, 0 to 1, as its engine reports it, by role.",
 	}, []string{"role"})
+	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infermesh_route_decisions_total",
+		Help: "Requests routed among more than one candidate, by role and the reason the one that answered was chosen " +
+			"(local, affinity, least-ttft, spill, queued, failover, least-loaded, order).",
+	}, []string{"role", "reason"})
+	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "infermesh_route_queue_wait_seconds",
+		Help:    "How long requests waited at this agent for a free slot while every candidate was full, by role.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+	}, []string{"role"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "infermesh_build_info",
 		Help:        "The agent's version.",
@@ -207,7 +223,11 @@ func New(cfg Config) (*Metrics, error) {
 
 	cs := []prometheus.Collector{
 		m.requests, m.duration, m.ttft, m.bytes, m.aborted, m.attempts, m.failovers,
-		m.streams, m.refusals, m.tokens, m.capacity, m.kvUsage, build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
+		m.streams, m.refusals, m.tokens, m.capacity, m.kvUsage, m.decisions, m.queueWait,
+		build, &scrapeCollector{m: m, placement: cfg.Placement}, m.instances,
+	}
+	if cfg.RouteQueues != nil {
+		cs = append(cs, queueCollector(cfg.RouteQueues))
 	}
 	if !cfg.NoRuntimeCollectors {
 		cs = append(cs, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -317,6 +337,26 @@ func (m *Metrics) Done(o proxy.Outcome) {
 	}
 	if o.Aborted {
 		c.aborted.Inc()
+	}
+	if r := o.Route; r != nil {
+		m.decisions.WithLabelValues(o.Role, r.Reason).Inc()
+		if r.Reason == "queued" || r.Queued > 0 {
+			m.queueWait.WithLabelValues(o.Role).Observe(r.Queued.Seconds())
+		}
+	}
+}
+
+// queueCollector reports the routing queues' lengths at scrape time.
+type queueCollector func() map[string]int
+
+var queueDesc = prometheus.NewDesc("infermesh_route_queue_length",
+	"Requests waiting at this agent for a free slot while every candidate of the role is full, by role.", []string{"role"}, nil)
+
+func (q queueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- queueDesc }
+
+func (q queueCollector) Collect(ch chan<- prometheus.Metric) {
+	for role, n := range q() {
+		ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(n), role)
 	}
 }
 

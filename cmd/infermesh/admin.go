@@ -89,14 +89,27 @@ func newRolesCmd(a *app) *cobra.Command {
 
 func newRouteCmd(a *app) *cobra.Command {
 	var serving bool
+	var request string
 	cmd := &cobra.Command{
 		Use:   "route ROLE",
 		Short: "Explain which node serves a role now and why every other node does not",
 		Long: `route explains ROLE's placement now. With --serving it first waits, up to
 --wait, until a node serves ROLE (a script's "wait until it works" step),
-and fails (exit 1) with the explanation when none does by then.`,
+and fails (exit 1) with the explanation when none does by then.
+
+With --request ID it shows how one recent request of ROLE (its
+X-Request-Id) was routed: every candidate's estimated time to the first
+token, in parts, and why the one that answered was chosen.`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if request != "" {
+				if serving {
+					return usageErrorf("--request and --serving do not go together")
+				}
+				return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.RouteDecision, error) {
+					return c.RouteRequest(ctx, args[0], request)
+				}, renderRouteDecision)
+			}
 			return call(a, cmd, func(c *admin.Client, ctx context.Context) (admin.Route, error) {
 				if !serving {
 					return c.Route(ctx, args[0])
@@ -106,6 +119,7 @@ and fails (exit 1) with the explanation when none does by then.`,
 		},
 	}
 	cmd.Flags().BoolVar(&serving, "serving", false, "wait (up to --wait) until a node serves the role")
+	cmd.Flags().StringVar(&request, "request", "", "show how the recent request with this X-Request-Id was routed")
 	return cmd
 }
 

@@ -350,3 +350,53 @@ func renderLogs(ls []admin.LogLine) string {
 	}
 	return b.String()
 }
+
+// renderRouteDecision prints one request's route decision: the reason,
+// then a row per candidate in the order they were to be tried.
+func renderRouteDecision(d admin.RouteDecision) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "request %s (role %s): %s, policy %s, reason %s\n", d.ID, d.Role, routeOutcome(d), d.Policy, d.Reason)
+	fmt.Fprintf(&b, "prompt ~%d tokens, affinity key: %s", d.Tokens, d.Key)
+	if d.QueuedMillis > 0 {
+		fmt.Fprintf(&b, ", queued %.1fms", d.QueuedMillis)
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CANDIDATE\tESTIMATE\tQUEUE\tPREFILL\tNETWORK\tCACHED\tLOAD\t")
+	for _, c := range d.Candidates {
+		mark := ""
+		if c.Affine {
+			mark = " (affine)"
+		}
+		if c.Target == d.Target {
+			mark += " <- answered"
+		}
+		slots := "?"
+		if c.Slots > 0 {
+			slots = fmt.Sprint(c.Slots)
+		}
+		if !c.Estimated {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%d/%s\t%s\n", c.Target, c.InFlight, slots, mark)
+			continue
+		}
+		est := fmt.Sprintf("%.1fms", c.EstimateMillis)
+		if c.PenaltyMillis > 0 {
+			est += " (penalized)"
+		}
+		full := ""
+		if c.Full {
+			full = " full"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1fms\t%.1fms\t%.1fms\t%d\t%d/%s%s\t%s\n", c.Target, est, c.QueueMillis, c.PrefillMillis,
+			c.NetworkMillis, c.CachedTokens, c.InFlight, slots, full, mark)
+	}
+	_ = tw.Flush()
+	return b.String()
+}
+
+func routeOutcome(d admin.RouteDecision) string {
+	if d.Target == "" {
+		return fmt.Sprintf("no candidate answered (status %d)", d.Status)
+	}
+	return fmt.Sprintf("served by %s (status %d)", d.Target, d.Status)
+}

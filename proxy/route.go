@@ -1,0 +1,446 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/routing"
+)
+
+// Routing by capacity and cache (package routing decides; this file
+// gathers what it decides from and keeps what it learns). It runs for an
+// app's request with more than one candidate: a single candidate leaves
+// nothing to decide, and a peer's request only ever has this node's
+// instance.
+
+// RouteConfig is a role's routing settings, read on every request (a
+// reload applies at once).
+type RouteConfig struct {
+	Policy routing.Policy
+	Params routing.Params
+	// QueueMax bounds the requests held while every candidate is full; 0:
+	// none are held (they go to the candidate with the lowest estimate,
+	// to wait in its engine's queue). QueueTimeout bounds one's wait.
+	QueueMax     int
+	QueueTimeout time.Duration
+}
+
+// PeerState is what the consumer side remembers of a peer's recent
+// answers for a role (PeerScorer.State).
+type PeerState struct {
+	Refused, Cooled bool
+	Fails           int
+}
+
+// RouteInfo is how a request's candidate was chosen, in the access log,
+// in Outcome and in the decision ring behind `infermesh route --request`.
+type RouteInfo struct {
+	Policy string `json:"policy"`
+	// Reason is why the candidate that answered was chosen (routing.Reason,
+	// or failover when an earlier one failed before its first byte).
+	Reason string `json:"reason"`
+	// Key is where the affinity key came from (none, prompt_cache_key,
+	// user, prefix); Tokens the prompt's estimated tokens.
+	Key    string `json:"key"`
+	Tokens int    `json:"tokens"`
+	// Queued is how long the request waited for a free slot at this agent.
+	Queued time.Duration `json:"queued_ns,omitempty"`
+	// Candidates in the order they were to be tried.
+	Candidates []RouteCandidate `json:"candidates"`
+}
+
+// RouteCandidate is one candidate's part in a decision.
+type RouteCandidate struct {
+	Target    string        `json:"target"` // "local" or a peer node
+	Estimate  time.Duration `json:"estimate_ns"`
+	Queue     time.Duration `json:"queue_ns"`
+	Prefill   time.Duration `json:"prefill_ns"`
+	Network   time.Duration `json:"network_ns"`
+	Penalty   time.Duration `json:"penalty_ns,omitempty"`
+	Cached    int           `json:"cached_tokens"`
+	InFlight  uint32        `json:"in_flight"`
+	Slots     uint32        `json:"slots"`
+	Full      bool          `json:"full,omitempty"`
+	Affine    bool          `json:"affine,omitempty"`
+	Estimated bool          `json:"estimated"` // false under local-first: nothing was estimated
+}
+
+// router is the proxy's routing state.
+type router struct {
+	index *routing.Index
+	stats *routing.Stats
+	// mine counts this node's requests in flight per role and peer;
+	// atReport is mine when the peer's last load report was taken (that
+	// report counted them): the peer's load now is its report less those,
+	// plus mine.
+	mine     busyCounts
+	atReport sync.Map // role\x00node -> *atomic.Int64
+	qmu      sync.Mutex
+	queues   map[string]*routeQueue
+	pool     sync.Pool // *routeScratch
+}
+
+// indexBlocks bounds the prefix index per target: 4096 blocks of 64
+// tokens, 256k tokens, about a large engine's prefix cache. Targets do
+// not advertise their cache size (yet).
+const (
+	indexBlocks = 4096
+	blockTokens = routing.BlockTokens
+	// rttStep: round trips below it count as none, so loopback noise
+	// does not order otherwise equal peers.
+	rttStep = time.Millisecond
+	// queueRecheck is how often the queue's head looks again without a
+	// wake-up (a peer's capacity freed that this node did not see end).
+	queueRecheck = 25 * time.Millisecond
+)
+
+func newRouter() *router {
+	return &router{index: routing.NewIndex(indexBlocks), stats: routing.NewStats(), queues: map[string]*routeQueue{}}
+}
+
+type routeScratch struct {
+	cands  []routing.Cand
+	order  []int
+	ests   []routing.Estimate
+	blocks []uint64
+}
+
+func targetKey(role, target string) string { return role + "\x00" + target }
+
+func targetOf(c placement.Candidate) string {
+	if c.Kind == placement.KindLocal {
+		return "local"
+	}
+	return c.Node
+}
+
+// takeReport notes that node's load report for role was taken now.
+func (rt *router) takeReport(role, node string) {
+	k := targetKey(role, node)
+	v, ok := rt.atReport.Load(k)
+	if !ok {
+		v, _ = rt.atReport.LoadOrStore(k, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Store(rt.mine.get(k))
+}
+
+func (rt *router) reported(k string) int64 {
+	if v, ok := rt.atReport.Load(k); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// routeReq is one request's routing: its prompt, its decision, and what
+// forward learns of the outcome.
+type routeReq struct {
+	info   RouteInfo
+	tokens int
+	blocks []uint64
+	ests   []routing.Estimate // by position in the ordered candidates
+	queued bool
+	q      *routeQueue
+	s      *routeScratch
+}
+
+// route orders cands for an app's request (policy, estimate, affinity)
+// and, when every candidate is full, holds it in the role's queue until
+// one frees a slot. It returns the candidates in order, or an error to
+// answer with (a full queue, a timeout; nil cands with a nil error: the
+// client went away while queued).
+func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placement.Candidate) ([]placement.Candidate, *routeReq, *APIError) {
+	cfg := RouteConfig{}
+	if p.cfg.Routing != nil {
+		cfg = p.cfg.Routing(role)
+	}
+	rt := p.router
+	s, _ := rt.pool.Get().(*routeScratch)
+	if s == nil {
+		s = &routeScratch{}
+	}
+	rr := &routeReq{s: s, info: RouteInfo{Policy: cfg.Policy.String(), Key: string(routing.KeyNone)}}
+	var req routing.Request
+	if cfg.Policy == routing.PolicyAuto {
+		chat := r.URL.Path == pathChat
+		if chat || r.URL.Path == pathCompletions {
+			in := routing.ParsePrompt(body, chat, s.blocks)
+			s.blocks = in.Blocks
+			rr.tokens, rr.blocks = in.Tokens, in.Blocks
+			req = routing.Request{Tokens: in.Tokens, Key: in.Key}
+			rr.info.Key = string(in.KeySource)
+		}
+	}
+	rr.info.Tokens = rr.tokens
+	dec := p.decide(role, cfg, cands, req, rr)
+	if cfg.QueueMax > 0 && (dec.Full || rt.queue(role).len() > 0) {
+		var apiErr *APIError
+		cands, dec, apiErr = p.waitForSlot(r, role, cfg, req, rr)
+		if apiErr != nil || cands == nil {
+			rr.release(rt)
+			return nil, nil, apiErr
+		}
+		rr.queued = true
+	}
+	out := make([]placement.Candidate, len(cands))
+	rr.ests = make([]routing.Estimate, 0, len(cands))
+	rr.info.Candidates = make([]RouteCandidate, len(cands))
+	for i, ci := range dec.Order {
+		out[i] = cands[ci]
+		rc := RouteCandidate{Target: targetOf(cands[ci]), InFlight: s.cands[ci].InFlight, Slots: s.cands[ci].Slots, Affine: ci == dec.Affine}
+		var e routing.Estimate
+		if dec.Estimates != nil {
+			e = dec.Estimates[ci]
+			rc.Estimated = true
+			rc.Estimate, rc.Queue, rc.Prefill, rc.Network, rc.Penalty, rc.Cached, rc.Full = e.Total, e.Queue, e.Prefill, e.Network, e.Penalty, e.Cached, e.Full
+		}
+		rr.ests = append(rr.ests, e)
+		rr.info.Candidates[i] = rc
+	}
+	rr.info.Reason = string(dec.Reason)
+	if rr.queued {
+		rr.info.Reason = string(routing.ReasonQueued)
+	}
+	return out, rr, nil
+}
+
+// decide gathers what is known of cands and asks routing.Decide.
+func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate, req routing.Request, rr *routeReq) routing.Decision {
+	rt, s := p.router, rr.s
+	s.cands = s.cands[:0]
+	for _, c := range cands {
+		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node,
+			Slots: c.Capacity.Slots, Running: c.Capacity.Running, Waiting: c.Capacity.Waiting}
+		target := targetOf(c)
+		k := targetKey(role, target)
+		if rc.Local {
+			rc.InFlight = clampU32(p.busy.get(role))
+		} else {
+			mine := rt.mine.get(k)
+			rc.InFlight = clampU32(max(int64(c.Load)-rt.reported(k), 0) + mine)
+			if p.cfg.RTT != nil {
+				rc.RTT = p.cfg.RTT(c.Node).Truncate(rttStep)
+			}
+			if p.cfg.PeerState != nil {
+				st := p.cfg.PeerState(c.Node, role)
+				rc.Refused, rc.Cooled, rc.Fails = st.Refused, st.Cooled, st.Fails
+			}
+		}
+		rc.Service, rc.PrefillPerToken = rt.stats.Of(k)
+		if len(rr.blocks) > 0 {
+			rc.CachedTokens = rt.index.Cached(k, rr.blocks) * blockTokens
+		}
+		s.cands = append(s.cands, rc)
+	}
+	d := routing.Decide(cfg.Policy, s.cands, req, cfg.Params, s.order, s.ests)
+	s.order, s.ests = d.Order, d.Estimates
+	return d
+}
+
+func clampU32(n int64) uint32 { return uint32(min(max(n, 0), 1<<32-1)) }
+
+// dispatched counts a request sent to target (a peer: until done is
+// called) and wakes the role's queue: the next in line decides with this
+// one counted.
+func (p *Proxy) dispatched(role string, c placement.Candidate) (done func()) {
+	done = func() {}
+	if c.Kind == placement.KindRemote {
+		done = p.router.mine.add(targetKey(role, c.Node))
+	}
+	return done
+}
+
+// learn records what an answered attempt showed: the prefix the target
+// now caches, and, for a request that found a free slot, its time to the
+// first byte (the prefill cost per token).
+func (rr *routeReq) learn(rt *router, role string, c placement.Candidate, pos int, ttfb time.Duration, status int) {
+	if status != http.StatusOK {
+		return
+	}
+	k := targetKey(role, targetOf(c))
+	if len(rr.blocks) > 0 {
+		rt.index.Record(k, rr.blocks)
+	}
+	if pos < len(rr.ests) && !rr.queued && rr.ests[pos].Queue == 0 && rr.ests[pos].Prefill > 0 {
+		if unc := rr.tokens - rr.ests[pos].Cached; unc >= blockTokens {
+			rt.stats.ObserveFirstToken(k, ttfb-rr.ests[pos].Network, unc)
+		}
+	}
+}
+
+// finish records the service time of a request that found a free slot.
+func (rr *routeReq) finish(rt *router, role string, c placement.Candidate, pos int, d time.Duration) {
+	if pos < len(rr.ests) && !rr.queued && rr.ests[pos].Queue == 0 {
+		rt.stats.ObserveService(targetKey(role, targetOf(c)), d)
+	}
+}
+
+func (rr *routeReq) release(rt *router) {
+	if rr.s != nil {
+		rr.s.cands = rr.s.cands[:0]
+		rt.pool.Put(rr.s)
+		rr.s = nil
+	}
+	rr.blocks = nil
+}
+
+// waitForSlot holds the request in role's queue, first in first out,
+// until a candidate has a free slot; the head decides again whenever a
+// request of the role is dispatched or ends, a load report arrives, or
+// queueRecheck passes.
+func (p *Proxy) waitForSlot(r *http.Request, role string, cfg RouteConfig, req routing.Request, rr *routeReq) ([]placement.Candidate, routing.Decision, *APIError) {
+	q := p.router.queue(role)
+	w, ok := q.join(cfg.QueueMax)
+	if !ok {
+		return nil, routing.Decision{}, errQueueFull(role, cfg.QueueMax)
+	}
+	rr.q = q
+	start := time.Now()
+	timeout := cfg.QueueTimeout
+	if timeout <= 0 {
+		timeout = DefaultQueueTimeout
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(queueRecheck)
+	defer tick.Stop()
+	for {
+		if q.head(w) {
+			cands := p.cfg.Resolver.Resolve(role)
+			if len(cands) == 0 {
+				q.leave(w, true)
+				return nil, routing.Decision{}, errNoInstance(role)
+			}
+			if d := p.decide(role, cfg, cands, req, rr); !d.Full || len(cands) == 1 {
+				// Leave without waking the next: forward wakes it
+				// once this one is counted at its candidate.
+				q.leave(w, false)
+				rr.info.Queued = time.Since(start)
+				return cands, d, nil
+			}
+		}
+		select {
+		case <-w.wake:
+		case <-tick.C:
+		case <-deadline.C:
+			q.leave(w, true)
+			return nil, routing.Decision{}, errQueueTimeout(role, timeout)
+		case <-r.Context().Done():
+			q.leave(w, true)
+			return nil, routing.Decision{}, nil
+		}
+	}
+}
+
+// DefaultQueueTimeout is routing.queue.timeout's default.
+const DefaultQueueTimeout = 30 * time.Second
+
+func errQueueFull(role string, max int) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "server_busy", RetryAfter: 1,
+		Message: "every instance of role " + strconv.Quote(role) + " is at capacity and its queue is full (" + strconv.Itoa(max) + " waiting); retry shortly"}
+}
+
+func errQueueTimeout(role string, d time.Duration) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "server_busy", RetryAfter: 1,
+		Message: "every instance of role " + strconv.Quote(role) + " stayed at capacity for " + d.String() + " while the request waited; retry shortly"}
+}
+
+// QueueLen is how many requests for role wait for a free slot now.
+func (p *Proxy) QueueLen(role string) int { return p.router.queue(role).len() }
+
+// QueueLens is how many requests wait in each role's queue now (roles
+// that ever queued).
+func (p *Proxy) QueueLens() map[string]int {
+	p.router.qmu.Lock()
+	defer p.router.qmu.Unlock()
+	out := make(map[string]int, len(p.router.queues))
+	for role, q := range p.router.queues {
+		out[role] = q.len()
+	}
+	return out
+}
+
+// kick wakes role's queue head, if any.
+func (p *Proxy) kick(role string) {
+	p.router.qmu.Lock()
+	q := p.router.queues[role]
+	p.router.qmu.Unlock()
+	if q != nil {
+		q.kick()
+	}
+}
+
+func (rt *router) queue(role string) *routeQueue {
+	rt.qmu.Lock()
+	defer rt.qmu.Unlock()
+	q := rt.queues[role]
+	if q == nil {
+		q = &routeQueue{}
+		rt.queues[role] = q
+	}
+	return q
+}
+
+// routeQueue is one role's queue of requests waiting for a slot.
+type routeQueue struct {
+	mu      sync.Mutex
+	waiters []*waiter
+	n       atomic.Int32
+}
+
+type waiter struct{ wake chan struct{} }
+
+func (q *routeQueue) len() int { return int(q.n.Load()) }
+
+// join adds a waiter at the end; false when max are waiting.
+func (q *routeQueue) join(max int) (*waiter, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiters) >= max {
+		return nil, false
+	}
+	w := &waiter{wake: make(chan struct{}, 1)}
+	q.waiters = append(q.waiters, w)
+	q.n.Store(int32(len(q.waiters)))
+	return w, true
+}
+
+func (q *routeQueue) head(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiters) > 0 && q.waiters[0] == w
+}
+
+// leave removes w; wake: wake the (new) head, as when w gives up its place.
+func (q *routeQueue) leave(w *waiter, wake bool) {
+	q.mu.Lock()
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			break
+		}
+	}
+	q.n.Store(int32(len(q.waiters)))
+	q.mu.Unlock()
+	if wake {
+		q.kick()
+	}
+}
+
+func (q *routeQueue) kick() {
+	q.mu.Lock()
+	var h *waiter
+	if len(q.waiters) > 0 {
+		h = q.waiters[0]
+	}
+	q.mu.Unlock()
+	if h != nil {
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,306 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infermesh/infermesh/internal/testing/testproc"
+	"github.com/infermesh/infermesh/placement"
+	"github.com/infermesh/infermesh/routing"
+)
+
+// outcomes records the proxy's finished requests.
+type outcomes struct {
+	mu  sync.Mutex
+	all []Outcome
+}
+
+func (o *outcomes) Attempt(string, string, int, error, time.Duration) {}
+func (o *outcomes) StreamOpen(string)                                 {}
+func (o *outcomes) StreamClose(string)                                {}
+func (o *outcomes) Done(x Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.all = append(o.all, x)
+}
+
+func (o *outcomes) byID(id string) (Outcome, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, x := range o.all {
+		if x.RequestID == id {
+			return x, true
+		}
+	}
+	return Outcome{}, false
+}
+
+// mutableResolver returns what set last set.
+type mutableResolver struct {
+	mu sync.Mutex
+	c  []placement.Candidate
+}
+
+func (m *mutableResolver) set(c ...placement.Candidate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.c = c
+}
+
+func (m *mutableResolver) Resolve(string) []placement.Candidate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]placement.Candidate(nil), m.c...)
+}
+
+// gate is an instance whose answers wait until released, by request id;
+// it records the order requests arrived in.
+type gate struct {
+	mu      sync.Mutex
+	arrived []string
+	release map[string]chan struct{}
+}
+
+func newGate() *gate { return &gate{release: map[string]chan struct{}{}} }
+
+func (g *gate) ch(name string) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.release[name]
+	if !ok {
+		c = make(chan struct{})
+		g.release[name] = c
+	}
+	return c
+}
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name := r.Header.Get(RequestIDHeader) // crosses the hop (MeshHeaders)
+	g.mu.Lock()
+	g.arrived = append(g.arrived, name)
+	g.mu.Unlock()
+	select {
+	case <-g.ch(name):
+	case <-r.Context().Done():
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[]}`)
+}
+
+func (g *gate) order() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.arrived...)
+}
+
+func (g *gate) has(name string) bool { return strings.Contains(strings.Join(g.order(), ","), name) }
+
+type routeEnv struct {
+	url   string
+	p     *Proxy
+	res   *mutableResolver
+	local *gate
+	peer  *gate
+	obs   *outcomes
+}
+
+func newRouteEnv(t *testing.T, rc RouteConfig) *routeEnv {
+	t.Helper()
+	e := &routeEnv{res: &mutableResolver{}, local: newGate(), peer: newGate(), obs: &outcomes{}}
+	lsrv := httptest.NewServer(e.local)
+	psrv := httptest.NewServer(e.peer)
+	t.Cleanup(func() {
+		lsrv.CloseClientConnections()
+		psrv.CloseClientConnections()
+		lsrv.Close()
+		psrv.Close()
+	})
+	p, err := New(Config{Resolver: e.res, Remote: loopRemote{"b": psrv.URL}, Observer: e.obs,
+		Routing: func(string) RouteConfig { return rc }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := p.Listen("chat", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = p.Shutdown(ctx)
+	})
+	e.p, e.url = p, "http://"+addr.String()
+	e.res.set(
+		placement.Candidate{Kind: placement.KindLocal, Node: "a", Base: lsrv.URL, Model: "m", Capacity: placement.Capacity{Slots: 1}},
+		placement.Candidate{Kind: placement.KindRemote, Node: "b", Model: "m", Capacity: placement.Capacity{Slots: 1}},
+	)
+	return e
+}
+
+type answer struct {
+	status int
+	retry  string
+	body   string
+	err    error
+}
+
+// send posts a chat request named name (its X-Request-Id) and
+// delivers its answer.
+func (e *routeEnv) send(ctx context.Context, name string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+pathChat,
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set(RequestIDHeader, name)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- answer{status: resp.StatusCode, retry: resp.Header.Get("Retry-After"), body: string(b)}
+	}()
+	return out
+}
+
+func wait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testproc.WaitUntil(t, what, 10*time.Second, cond)
+}
+
+func (e *routeEnv) reason(t *testing.T, id string) string {
+	t.Helper()
+	var o Outcome
+	wait(t, "the outcome of "+id, func() bool {
+		var ok bool
+		o, ok = e.obs.byID(id)
+		return ok
+	})
+	if o.Route == nil {
+		t.Fatalf("%s: no route recorded", id)
+	}
+	return o.Route.Reason
+}
+
+// A local instance whose one slot is taken (by the agent's own count)
+// spills the next request to the idle peer; once it is free again the
+// local instance is preferred.
+func TestRouteSpillsFromASaturatedLocalInstance(t *testing.T) {
+	e := newRouteEnv(t, RouteConfig{})
+	first := e.send(t.Context(), "first")
+	wait(t, "first at the local instance", func() bool { return e.local.has("first") })
+	second := e.send(t.Context(), "second")
+	wait(t, "second at the peer", func() bool { return e.peer.has("second") })
+	close(e.peer.ch("second"))
+	if a := <-second; a.status != 200 {
+		t.Fatalf("second: %+v", a)
+	}
+	if r := e.reason(t, "second"); r != string(routing.ReasonSpill) {
+		t.Errorf("second's reason %q, want spill", r)
+	}
+	close(e.local.ch("first"))
+	if a := <-first; a.status != 200 {
+		t.Fatalf("first: %+v", a)
+	}
+	if r := e.reason(t, "first"); r != string(routing.ReasonLocal) {
+		t.Errorf("first's reason %q, want local", r)
+	}
+	third := e.send(t.Context(), "third")
+	wait(t, "third at the local instance", func() bool { return e.local.has("third") })
+	close(e.local.ch("third"))
+	<-third
+}
+
+// Under local-first the seed's order holds however busy the local
+// instance is.
+func TestRouteLocalFirstKeepsTheOrder(t *testing.T) {
+	e := newRouteEnv(t, RouteConfig{Policy: routing.PolicyLocalFirst})
+	first := e.send(t.Context(), "first")
+	second := e.send(t.Context(), "second")
+	wait(t, "both at the local instance", func() bool { return e.local.has("first") && e.local.has("second") })
+	if e.peer.has("first") || e.peer.has("second") {
+		t.Errorf("the peer got a request under local-first: %v", e.peer.order())
+	}
+	close(e.local.ch("first"))
+	close(e.local.ch("second"))
+	<-first
+	<-second
+	if r := e.reason(t, "second"); r != string(routing.ReasonLocal) {
+		t.Errorf("reason %q, want local", r)
+	}
+}
+
+// When every candidate is full, requests wait at the agent, first in first
+// out, and go to whichever candidate frees a slot first; a full queue
+// answers 503 server_busy with Retry-After at once; a request cancelled
+// while queued frees its place at once; one that waits past the timeout
+// gets 503 server_busy with Retry-After.
+func TestRouteQueue(t *testing.T) {
+	e := newRouteEnv(t, RouteConfig{QueueMax: 3, QueueTimeout: 20 * time.Second})
+	long := e.send(t.Context(), "long")
+	wait(t, "long at the local instance", func() bool { return e.local.has("long") })
+	// b full too: one slot, one in flight (as its adverts say).
+	cands := e.res.Resolve("chat")
+	cands[1].Load = 1
+	e.res.set(cands...)
+
+	r1 := e.send(t.Context(), "r1")
+	wait(t, "r1 queued", func() bool { return e.p.QueueLen("chat") == 1 })
+	r2 := e.send(t.Context(), "r2")
+	wait(t, "r2 queued", func() bool { return e.p.QueueLen("chat") == 2 })
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := e.send(ctx, "gone")
+	wait(t, "gone queued", func() bool { return e.p.QueueLen("chat") == 3 })
+
+	full := <-e.send(t.Context(), "r3")
+	if full.status != 503 || full.retry == "" || !strings.Contains(full.body, "server_busy") {
+		t.Errorf("a request past a full queue: %+v, want 503 server_busy with Retry-After", full)
+	}
+	cancel()
+	if a := <-gone; a.err == nil {
+		t.Errorf("the cancelled request got an answer: %+v", a)
+	}
+	wait(t, "the queue back to r1 and r2", func() bool { return e.p.QueueLen("chat") == 2 })
+
+	close(e.local.ch("long"))
+	if a := <-long; a.status != 200 {
+		t.Fatalf("long: %+v", a)
+	}
+	wait(t, "r1 at the local instance", func() bool { return e.local.has("r1") })
+	if e.local.has("r2") || e.peer.has("r2") || e.p.QueueLen("chat") != 1 {
+		t.Fatalf("r2 left the queue with no free slot: local %v, peer %v, queue %d", e.local.order(), e.peer.order(), e.p.QueueLen("chat"))
+	}
+	close(e.local.ch("r1"))
+	<-r1
+	wait(t, "r2 at the local instance", func() bool { return e.local.has("r2") })
+	close(e.local.ch("r2"))
+	<-r2
+	if got := e.local.order(); strings.Join(got, ",") != "long,r1,r2" {
+		t.Errorf("the local instance got %v, want long, r1, r2", got)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if r := e.reason(t, id); r != string(routing.ReasonQueued) {
+			t.Errorf("%s: reason %q, want queued", id, r)
+		}
+	}
+
+	// A wait past the timeout.
+	e2 := newRouteEnv(t, RouteConfig{QueueMax: 1, QueueTimeout: 100 * time.Millisecond})
+	cands = e2.res.Resolve("chat")
+	cands[0].Capacity.Running, cands[1].Load = 1, 1
+	e2.res.set(cands...)
+	if a := <-e2.send(t.Context(), "late"); a.status != 503 || a.retry == "" || !strings.Contains(a.body, "stayed at capacity") {
+		t.Errorf("a request that waited past the timeout: %+v", a)
+	}
+	if n := e2.p.QueueLen("chat"); n != 0 {
+		t.Errorf("queue after the timeout: %d", n)
+	}
+}

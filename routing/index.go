@@ -1,0 +1,106 @@
+package routing
+
+import (
+	"container/list"
+	"sync"
+)
+
+// Index is an approximate prefix index: per target (a node, or the local
+// instance), the prompt blocks this node has sent it, as chained block
+// hashes (a block's hash names the whole prefix up to its end), in an LRU
+// of a bounded number of blocks. It predicts what the target's own prefix
+// cache holds without asking it, the way the Gateway API inference
+// extension's approximate prefix scorer does: it sharpens the prefill
+// estimate and is never trusted over a target's own load. The bound
+// stands in for the target's cache size; an engine that evicted sooner
+// costs one misjudged prefill.
+//
+// Safe for concurrent use.
+type Index struct {
+	mu      sync.Mutex
+	blocks  int // per target
+	targets map[string]*lru
+}
+
+type lru struct {
+	order *list.List // front: most recent; values are uint64 hashes
+	at    map[uint64]*list.Element
+}
+
+// NewIndex returns an index holding up to blocks blocks per target.
+func NewIndex(blocks int) *Index {
+	return &Index{blocks: max(blocks, 1), targets: map[string]*lru{}}
+}
+
+// Cached is how many of blocks, from the first, target probably holds:
+// the longest run of leading blocks the index has for it.
+func (x *Index) Cached(target string, blocks []uint64) int {
+	if len(blocks) == 0 {
+		return 0
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.targets[target]
+	if l == nil {
+		return 0
+	}
+	// Chained hashes: block k present means its prefix was sent whole,
+	// so search for the last present block (present blocks form a
+	// prefix unless evicted, and an LRU evicts the oldest, so the first
+	// blocks of a hot prefix are the freshest).
+	n := 0
+	for n < len(blocks) {
+		if _, ok := l.at[blocks[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Record notes that blocks were sent to target (the instance will cache
+// them), most recent first for eviction.
+func (x *Index) Record(target string, blocks []uint64) {
+	if len(blocks) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.targets[target]
+	if l == nil {
+		l = &lru{order: list.New(), at: map[uint64]*list.Element{}}
+		x.targets[target] = l
+	}
+	// Back to front, so the first block ends the most recent: it is
+	// shared by the most requests and is the last to go.
+	for i := len(blocks) - 1; i >= 0; i-- {
+		h := blocks[i]
+		if e, ok := l.at[h]; ok {
+			l.order.MoveToFront(e)
+			continue
+		}
+		l.at[h] = l.order.PushFront(h)
+		if l.order.Len() > x.blocks {
+			old := l.order.Back()
+			l.order.Remove(old)
+			delete(l.at, old.Value.(uint64))
+		}
+	}
+}
+
+// Forget drops what the index holds for target (it restarted, or left).
+func (x *Index) Forget(target string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.targets, target)
+}
+
+// Len is the blocks held for target.
+func (x *Index) Len(target string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if l := x.targets[target]; l != nil {
+		return l.order.Len()
+	}
+	return 0
+}
