@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infermesh/infermesh/internal/prompt"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/routing"
 )
@@ -89,7 +90,7 @@ type router struct {
 // not advertise their cache size (yet).
 const (
 	indexBlocks = 4096
-	blockTokens = routing.BlockTokens
+	blockTokens = 64
 	// rttStep: round trips below it count as none, so loopback noise
 	// does not order otherwise equal peers.
 	rttStep = time.Millisecond
@@ -162,16 +163,16 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 	if s == nil {
 		s = &routeScratch{}
 	}
-	rr := &routeReq{s: s, info: RouteInfo{Policy: cfg.Policy.String(), Key: string(routing.KeyNone)}}
+	rr := &routeReq{s: s, info: RouteInfo{Policy: cfg.Policy.String(), Key: prompt.KeyNone.String()}}
 	var req routing.Request
 	if cfg.Policy == routing.PolicyAuto {
 		chat := r.URL.Path == pathChat
 		if chat || r.URL.Path == pathCompletions {
-			in := routing.ParsePrompt(body, chat, s.blocks)
-			s.blocks = in.Blocks
-			rr.tokens, rr.blocks = in.Tokens, in.Blocks
-			req = routing.Request{Tokens: in.Tokens, Key: in.Key}
-			rr.info.Key = string(in.KeySource)
+			in := prompt.Parse(body, chat, blockTokens, s.blocks)
+			s.blocks = in.Tokens.Blocks
+			rr.tokens, rr.blocks = in.Tokens.N, in.Tokens.Blocks
+			req = routing.Request{Tokens: in.Tokens.N, Key: in.Key}
+			rr.info.Key = in.KeySource.String()
 		}
 	}
 	rr.info.Tokens = rr.tokens
