@@ -287,6 +287,14 @@ func (tm *testMesh) start(name string, roles map[string]roleSpec, ownSocket bool
 		if r.extra != "" {
 			fmt.Fprintf(&b, "    %s\n", r.extra)
 		}
+		if !strings.Contains(r.extra, "routing:") {
+			// The mesh tests state the seed's order (the local instance,
+			// then peers by load, ties by node id): policy local-first. The
+			// default, auto, would order equal peers by their measured
+			// round trip, which a loaded host makes noise; a test of auto
+			// sets routing in extra.
+			b.WriteString("    routing: {policy: local-first}\n")
+		}
 		if len(r.serveTo) > 0 {
 			fmt.Fprintf(&b, "    serve_to: [%s]\n", strings.Join(r.serveTo, ", "))
 		}
