@@ -364,13 +364,14 @@ func renderRouteDecision(d admin.RouteDecision) string {
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CANDIDATE\tESTIMATE\tQUEUE\tPREFILL\tNETWORK\tCACHED\tLOAD\t")
 	for _, c := range d.Candidates {
-		mark := ""
+		var marks []string
 		if c.Affine {
-			mark = " (affine)"
+			marks = append(marks, "(affine)")
 		}
 		if c.Target == d.Target {
-			mark += " <- answered"
+			marks = append(marks, "<- answered")
 		}
+		mark := strings.Join(marks, " ")
 		slots := "?"
 		if c.Slots > 0 {
 			slots = fmt.Sprint(c.Slots)
