@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/infermesh/infermesh/internal/jsonskip"
+	"github.com/infermesh/infermesh/internal/prompt"
 )
 
 // embedInput is one input to embed: its hash seed and its token count.
@@ -72,7 +73,7 @@ func parseEmbedInput(raw []byte) ([]embedInput, *apiError) {
 }
 
 func stringInput(s []byte) embedInput {
-	return embedInput{seed: hashBytes(fnvOffset, s), tokens: estimateTokens(len(s))}
+	return embedInput{seed: prompt.HashBytes(fnvOffset, s), tokens: estimateTokens(len(s))}
 }
 
 func tokensInput(toks []int64) embedInput {
@@ -80,7 +81,7 @@ func tokensInput(toks []int64) embedInput {
 	var b [8]byte
 	for _, t := range toks {
 		binary.LittleEndian.PutUint64(b[:], uint64(t))
-		h = hashBytes(h, b[:])
+		h = prompt.HashBytes(h, b[:])
 	}
 	return embedInput{seed: h, tokens: len(toks)}
 }

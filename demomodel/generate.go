@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+
+	"github.com/infermesh/infermesh/internal/prompt"
 )
 
 // words is the vocabulary of the demo model. Every word is plain lowercase
@@ -34,34 +36,15 @@ var wordsFollowing = func() [len(words)]string {
 // golden is the 64-bit golden-ratio increment of splitmix64.
 const golden = 0x9E3779B97F4A7C15
 
-// mix64 is the splitmix64 finalizer: a cheap, well-distributed bijection.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xBF58476D1CE4E5B9
-	x ^= x >> 27
-	x *= 0x94D049BB133111EB
-	x ^= x >> 31
-	return x
-}
-
 // FNV-1a 64-bit parameters.
 const (
 	fnvOffset = 14695981039346656037
 	fnvPrime  = 1099511628211
 )
 
-// hashBytes is FNV-1a over b, started from h (use fnvOffset for a fresh hash).
-func hashBytes(h uint64, b []byte) uint64 {
-	for _, c := range b {
-		h ^= uint64(c)
-		h *= fnvPrime
-	}
-	return h
-}
-
 // token returns the text of token i of the completion seeded by seed.
 func token(seed uint64, i int) string {
-	w := mix64(seed+uint64(i+1)*golden) % uint64(len(words))
+	w := prompt.Mix64(seed+uint64(i+1)*golden) % uint64(len(words))
 	if i == 0 {
 		return words[w]
 	}
@@ -87,7 +70,7 @@ func estimateTokens(nbytes int) int {
 // embedValue returns the i-th raw (unnormalized) component of the vector
 // seeded by seed, uniform in [-1, 1).
 func embedValue(seed uint64, i int) float64 {
-	return float64(int64(mix64(seed+uint64(i+1)*golden))) / (1 << 63)
+	return float64(int64(prompt.Mix64(seed+uint64(i+1)*golden))) / (1 << 63)
 }
 
 // embed fills dst with the unit-norm vector seeded by seed. The components

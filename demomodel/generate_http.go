@@ -9,6 +9,7 @@ import (
 
 	"github.com/infermesh/infermesh/internal/ctxwait"
 	"github.com/infermesh/infermesh/internal/jsonskip"
+	"github.com/infermesh/infermesh/internal/prompt"
 )
 
 // genKind describes one of the two generation endpoints: chat completions
@@ -184,7 +185,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, k *genKin
 		return
 	}
 	g := generation{
-		seed:         hashBytes(fnvOffset, req.prompt),
+		seed:         prompt.HashBytes(fnvOffset, req.prompt),
 		tokens:       s.cfg.Tokens,
 		promptTokens: estimateTokens(len(req.prompt)),
 		finish:       "stop",

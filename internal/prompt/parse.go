@@ -36,9 +36,9 @@ const maxPrefixBlocks = 32
 // The hash domains of the keys: each starts from FNV-1a over its name and
 // a 0 byte.
 var (
-	cacheKeyDomain = hashBytes(fnvOffset, []byte("prompt_cache_key\x00"))
-	userDomain     = hashBytes(fnvOffset, []byte("user\x00"))
-	prefixDomain   = hashBytes(fnvOffset, []byte("prefix\x00"))
+	cacheKeyDomain = HashBytes(fnvOffset, []byte("prompt_cache_key\x00"))
+	userDomain     = HashBytes(fnvOffset, []byte("user\x00"))
+	prefixDomain   = HashBytes(fnvOffset, []byte("prefix\x00"))
 )
 
 // Parse reads a whole request body (a JSON object, already known to be
@@ -122,7 +122,7 @@ func prefixKey(chat bool, tools []byte, t Tokens, lastStart, block int) (uint64,
 	if n == 0 && tools == nil {
 		return 0, KeyNone
 	}
-	h := hashByte(hashBytes(prefixDomain, tools), 0)
+	h := hashByte(HashBytes(prefixDomain, tools), 0)
 	if n > 0 {
 		h = hashUint64(h, t.Blocks[n-1])
 	}
@@ -131,7 +131,7 @@ func prefixKey(chat bool, tools []byte, t Tokens, lastStart, block int) (uint64,
 
 // finishKey mixes a key's hash, avoiding 0 (which stands for no key).
 func finishKey(h uint64) uint64 {
-	if k := mix64(h); k != 0 {
+	if k := Mix64(h); k != 0 {
 		return k
 	}
 	return 1

@@ -171,12 +171,12 @@ func (t *tokenizer) write(p []byte) {
 	for len(p) > 0 {
 		left := (t.block-t.n%t.block)*4 - t.part // bytes to the block's end
 		if len(p) < left {
-			t.h = hashBytes(t.h, p)
+			t.h = HashBytes(t.h, p)
 			t.n += (t.part + len(p)) / 4
 			t.part = (t.part + len(p)) % 4
 			return
 		}
-		t.h = hashBytes(t.h, p[:left])
+		t.h = HashBytes(t.h, p[:left])
 		p = p[left:]
 		t.n += (t.part + left) / 4
 		t.part = 0
@@ -197,7 +197,7 @@ func (t *tokenizer) end() {
 }
 
 func (t *tokenizer) closeBlock() {
-	sum := mix64(t.h)
+	sum := Mix64(t.h)
 	t.blocks = append(t.blocks, sum)
 	t.h = chainStart(sum)
 }
@@ -283,8 +283,8 @@ const (
 	fnvPrime  = 1099511628211
 )
 
-// hashBytes is FNV-1a over b, started from h.
-func hashBytes(h uint64, b []byte) uint64 {
+// HashBytes is FNV-1a over b, started from h.
+func HashBytes(h uint64, b []byte) uint64 {
 	for _, c := range b {
 		h = hashByte(h, c)
 	}
@@ -297,7 +297,7 @@ func hashByte(h uint64, c byte) uint64 { return (h ^ uint64(c)) * fnvPrime }
 func hashString(h uint64, lit []byte) uint64 {
 	r := newStringReader(lit[1 : len(lit)-1])
 	for p, ok := r.next(); ok; p, ok = r.next() {
-		h = hashBytes(h, p)
+		h = HashBytes(h, p)
 	}
 	return h
 }
@@ -306,15 +306,16 @@ func hashString(h uint64, lit []byte) uint64 {
 func hashUint64(h, x uint64) uint64 {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], x)
-	return hashBytes(h, b[:])
+	return HashBytes(h, b[:])
 }
 
 // chainStart is the hash state a block starts from: the hash of the block
 // before it (0 for the first).
 func chainStart(prev uint64) uint64 { return hashUint64(fnvOffset, prev) }
 
-// mix64 is the splitmix64 finalizer: a cheap, well-distributed bijection.
-func mix64(x uint64) uint64 {
+// Mix64 is the splitmix64 finalizer: a cheap, well-distributed bijection
+// (also the demo engine's and the router's).
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xBF58476D1CE4E5B9
 	x ^= x >> 27

@@ -24,9 +24,9 @@ func ParseStd(body []byte, chat bool, block int, blocks []uint64) Info {
 		tools = stdTools(top["tools"])
 	}
 	if s, ok := stdString(top["prompt_cache_key"]); ok && len(s) > 0 {
-		info.Key, info.KeySource = finishKey(hashBytes(cacheKeyDomain, s)), KeyCacheKey
+		info.Key, info.KeySource = finishKey(HashBytes(cacheKeyDomain, s)), KeyCacheKey
 	} else if s, ok := stdString(top["user"]); ok && len(s) > 0 {
-		info.Key, info.KeySource = finishKey(hashBytes(userDomain, s)), KeyUser
+		info.Key, info.KeySource = finishKey(HashBytes(userDomain, s)), KeyUser
 	} else {
 		info.Key, info.KeySource = prefixKey(chat, tools, info.Tokens, lastStart, block)
 	}
@@ -58,7 +58,7 @@ func stdTokenize(t *tokenizer, raw json.RawMessage, chat bool) (lastStart int) {
 		} else {
 			content = msg
 		}
-		t.h = hashBytes(t.h, role)
+		t.h = HashBytes(t.h, role)
 		t.begin()
 		t.write(content)
 		t.end()
