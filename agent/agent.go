@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"sync"
@@ -103,9 +102,13 @@ type Agent struct {
 	adminRefusals auditLimiter // rate-limits the audit of refused admin requests
 
 	started time.Time
-	infos   infoCache          // peers' info answers, for the mesh view (backend_mesh.go)
-	recent  recentRing         // the last requests the proxy finished (recent.go)
-	tracing *telemetry.Tracing // nil unless telemetry.otlp_endpoint; Run shuts it down
+	infos   infoCache  // peers' info answers, for the mesh view (backend_mesh.go)
+	recent  recentRing // the last requests the proxy finished (recent.go)
+	// external is, per role, the requests at the local instance that did
+	// not come through this agent, as its engine last counted them
+	// (capacity.go): role -> *atomic.Int64.
+	external sync.Map
+	tracing  *telemetry.Tracing // nil unless telemetry.otlp_endpoint; Run shuts it down
 
 	mu        sync.Mutex
 	addrs     map[string]net.Addr // role -> bound proxy address
@@ -181,10 +184,13 @@ func New(cfg *Config, opts Options) (*Agent, error) {
 		Observer:        observers{Observer: a.metrics, recent: &a.recent},
 		Tracer:          tracer,
 		LoadReport: func(role string) proxy.LoadReport {
-			return proxy.LoadReport{Load: uint32(min(max(a.proxy.LocalInFlight(role), 0), math.MaxUint32)), Capacity: a.table.LocalCapacity(role)}
+			return a.loadReport(role)
 		},
-		OnLoadReport: func(role, node string, r proxy.LoadReport) { a.table.ReportLoad(role, node, r.Load, r.Capacity) },
-		Routing:      func(role string) proxy.RouteConfig { return a.config().Roles[role].Routing.routeConfig() },
+		ExternalLoad: a.externalLoad,
+		OnLoadReport: func(role, node string, r proxy.LoadReport) uint64 {
+			return a.table.ReportLoad(role, node, r.Load, r.Capacity)
+		},
+		Routing: func(role string) proxy.RouteConfig { return a.config().Roles[role].Routing.routeConfig() },
 		RTT: func(node string) time.Duration {
 			if m := a.Mesh(); m != nil {
 				return m.RTT(node)

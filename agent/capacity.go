@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"sync/atomic"
 	"time"
+
+	"github.com/infermesh/infermesh/proxy"
 
 	"go.uber.org/zap"
 
@@ -19,6 +23,11 @@ import (
 // agent's own in-flight count standing in for the rest. It is put in the
 // placement table (SetLocalCapacity), which the mesh advertises at most
 // once a second per change.
+//
+// An engine that reports no slot count (vLLM's metrics have none) has
+// them read off its numbers: when requests wait, the running ones fill
+// it. The role's capacity, when set, is its slot count whatever the engine
+// says.
 //
 // An instance is asked at most every capacityEvery, and only while
 // requests flow through this agent to it or for capacityQuiet after its
@@ -38,12 +47,16 @@ const (
 
 // roleCapacity is what the watch keeps of one role's instance.
 type roleCapacity struct {
-	base       string
-	cap        placement.Capacity
-	asked      time.Time // last time anything was decided (scraped or not)
-	changed    time.Time // last time cap changed
-	failed     time.Time // last metrics failure (zero: none since success)
-	slots      int       // from /slots, 0 unknown
+	base    string
+	cap     placement.Capacity
+	asked   time.Time // last time anything was decided (scraped or not)
+	changed time.Time // last time cap changed
+	failed  time.Time // last metrics failure (zero: none since success)
+	slots   int       // from /slots, 0 unknown
+	// inferred is the slot count read off an engine that reports no
+	// slots (vLLM): how many ran the last time some waited (0: none
+	// waited yet).
+	inferred   int
 	slotsAt    time.Time
 	slotsNever bool // /slots is not served: stop asking
 }
@@ -103,8 +116,12 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 	mode, configured := a.metricsMode(role)
 	var c placement.Capacity
 	scraped := false
+	external := int64(0)
 	if mode != enginestat.None && (rc.failed.IsZero() || now.Sub(rc.failed) >= capacityRetry) {
 		st, err := a.scrapeMetrics(ctx, client, role, rc.base, mode)
+		// What the engine counts beyond this agent's own (the larger of
+		// its count before and after the scrape: never load made up).
+		external = max(int64(st.Running+st.Waiting)-max(inFlight, a.proxy.LocalInFlight(role)), 0)
 		switch {
 		case err != nil:
 			if rc.failed.IsZero() {
@@ -117,6 +134,12 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			if st.HasKV {
 				c.KVUsage = float32(st.KVUsage)
 			}
+			if st.Waiting > 0 && st.Running > 0 {
+				// Requests wait only when every slot runs one (or the
+				// KV cache holds no more): that many is its capacity
+				// now.
+				rc.inferred = int(st.Running)
+			}
 			if st.Engine == enginestat.LlamaCpp && !rc.slotsNever && now.Sub(rc.slotsAt) >= slotsEvery {
 				rc.slotsAt = now
 				if n, err := a.scrapeSlots(ctx, client, role, rc.base); err != nil {
@@ -128,6 +151,9 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 		}
 	}
 	slots := rc.slots
+	if slots == 0 {
+		slots = rc.inferred
+	}
 	if configured > 0 {
 		slots = configured
 	}
@@ -139,6 +165,7 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			c.Running, c.Waiting = uint32(s), uint32(inFlight-s)
 		}
 	}
+	a.externalOf(role).Store(external)
 	if c != rc.cap || rc.changed.IsZero() {
 		rc.cap, rc.changed = c, now
 		a.table.SetLocalCapacity(role, c)
@@ -188,4 +215,37 @@ func (a *Agent) getInstance(ctx context.Context, client *http.Client, role, url 
 		return nil, fmt.Errorf("GET %s: over %d bytes", url, maxMetricsBytes)
 	}
 	return b, nil
+}
+
+func (a *Agent) externalOf(role string) *atomic.Int64 {
+	v, ok := a.external.Load(role)
+	if !ok {
+		v, _ = a.external.LoadOrStore(role, new(atomic.Int64))
+	}
+	return v.(*atomic.Int64)
+}
+
+// externalLoad is the requests at role's local instance that did not come
+// through this agent, as its engine last counted them (0 without metrics).
+func (a *Agent) externalLoad(role string) int64 {
+	if v, ok := a.external.Load(role); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// loadReport is role's load as its answers to peers report it: this
+// agent's count now, and the instance's capacity with its running and
+// waiting counts brought up to now (what the engine counted beyond this
+// agent, plus this agent's count now), so that a consumer never reads a
+// request that has ended, its own among them, as still running.
+func (a *Agent) loadReport(role string) proxy.LoadReport {
+	mine := max(a.proxy.LocalInFlight(role), 0)
+	c := a.table.LocalCapacity(role)
+	occ := mine + a.externalLoad(role)
+	c.Running, c.Waiting = uint32(min(occ, math.MaxUint32)), 0
+	if s := int64(c.Slots); s > 0 && occ > s {
+		c.Running, c.Waiting = uint32(s), uint32(min(occ-s, math.MaxUint32))
+	}
+	return proxy.LoadReport{Load: uint32(min(mine, math.MaxUint32)), Capacity: c}
 }

@@ -101,3 +101,29 @@ func TestCapacityFromEngineMetricsReachesPeers(t *testing.T) {
 		return c.Slots == 1 && c.Running == 1 && c.Waiting == 1 && c.KVUsage == 0
 	})
 }
+
+// TestCapacitySlotsReadOffVLLM: vLLM's metrics name no slot count. b's
+// engine (vLLM's names, 2 slots) has 3 streams held: one waits while 2 run,
+// so b takes 2 as its slots and a holds that in b's advert.
+func TestCapacitySlotsReadOffVLLM(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	eb := startEngine(t, "model-b", demomodel.MetricsVLLM, 2)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: eb, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	stop := holdChats(t, a.url("chat"), "chat", 1)
+	waitFor(t, "b runs one, slots unknown", func() bool {
+		c := remoteCapacity(a, "chat", "b")
+		return c.Running == 1 && c.Waiting == 0
+	})
+	if c := remoteCapacity(a, "chat", "b"); c.Slots != 0 {
+		t.Errorf("with nothing waiting b claims %d slots", c.Slots)
+	}
+	stop()
+	stop = holdChats(t, a.url("chat"), "chat", 3)
+	defer stop()
+	waitFor(t, "a holds b's 2 slots, read off 2 running and 1 waiting", func() bool {
+		c := remoteCapacity(a, "chat", "b")
+		return c.Slots == 2 && c.Running == 2 && c.Waiting == 1
+	})
+}

@@ -49,7 +49,9 @@
 # phase alone (nothing else is started or installed) and writes its report
 # to bench/results/*-routing.md; BENCH_ROUTING_ARGS adds load generator
 # flags to it (-routing-popularity zipf, -routing-turns 3, -routing-seed N,
-# -routing-rates 1, -routing-window 4s); BENCH_SKIP_ROUTING=1 leaves it out.
+# -routing-rates 1, -routing-window 4s); BENCH_ROUTING_POLICY replaces the
+# consumers' routing mapping ("{policy: local-first}"); BENCH_SKIP_ROUTING=1
+# leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_STARTED=$(date +%s)
@@ -190,6 +192,10 @@ ROUTING_DECODE=5ms
 ROUTING_TOKENS=32
 ROUTING_CACHE=16384
 ROUTING_BLOCK=64
+# The consumers' routing: policy auto (the default), and a queue at the
+# agent for when every engine's slots are taken (late binding: a request
+# goes to the first slot that frees, not into one engine's queue).
+ROUTING_POLICY=${BENCH_ROUTING_POLICY:-"{policy: auto, queue: {max: 256, timeout: 30s}}"}
 
 # routing_phase starts the engines and the six agents, waits until every
 # consumer has every peer as a candidate, runs the load generator's routing
@@ -231,8 +237,8 @@ routing_phase() {
     [ "$node" = a ] || join=", join: [\"${IP[a]}:${GOSSIP[a]}\"]"
     case $node in
       b | c | d) role="{port: ${ROLE[$node]}, upstream: \"http://$(eng_addr "$node")\", model: demo, expose: true, serve_to: [a, e, f]}" ;;
-      a | e) role="{port: ${ROLE[$node]}, accept_from: [b, c, d]}" ;;
-      f) role="{port: ${ROLE[$node]}, upstream: \"http://$(eng_addr f)\", model: demo, accept_from: [b, c, d]}" ;;
+      a | e) role="{port: ${ROLE[$node]}, accept_from: [b, c, d], routing: $ROUTING_POLICY}" ;;
+      f) role="{port: ${ROLE[$node]}, upstream: \"http://$(eng_addr f)\", model: demo, accept_from: [b, c, d], routing: $ROUTING_POLICY}" ;;
     esac
     cat >"$d/$node.yaml" <<EOF
 node: {name: $node, state_dir: $d/$node}

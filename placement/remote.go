@@ -86,7 +86,12 @@ func (t *Table) storeAdvert(role, sender string, ad Advert) Reason {
 	}
 	prev, had := per[sender]
 	changed := !had || !prev.ad.sameContent(ad) || !t.fresh(prev.received, now)
-	per[sender] = remoteEntry{ad: ad.clone(), received: now}
+	seq := prev.loadSeq
+	if !had || prev.ad.Load != ad.Load || prev.ad.Capacity != ad.Capacity {
+		t.loadSeq++
+		seq = t.loadSeq
+	}
+	per[sender] = remoteEntry{ad: ad.clone(), received: now, loadSeq: seq}
 	if changed {
 		t.bumpLocked()
 	}
@@ -98,18 +103,19 @@ func (t *Table) storeAdvert(role, sender string, ad Advert) Reason {
 // of the advert held until the next advert, which replaces them in turn.
 // It does not make the advert fresher, and it is ignored when no advert of
 // node for role is held. It does not bump the generation: it changes the
-// order of candidates only, as a load in an advert does. It reports
-// whether the report was taken.
-func (t *Table) ReportLoad(role, node string, load uint32, c Capacity) bool {
+// order of candidates only, as a load in an advert does. It returns the
+// entry's new Candidate.LoadSeq, 0 when the report was not taken.
+func (t *Table) ReportLoad(role, node string, load uint32, c Capacity) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.remote[role][node]
 	if !ok {
-		return false
+		return 0
 	}
-	e.ad.Load, e.ad.Capacity = load, c
+	t.loadSeq++
+	e.ad.Load, e.ad.Capacity, e.loadSeq = load, c, t.loadSeq
 	t.remote[role][node] = e
-	return true
+	return e.loadSeq
 }
 
 // LocalCapacity is what SetLocalCapacity last set for role.
@@ -213,6 +219,7 @@ type remoteView struct {
 	node        string
 	hasAdvert   bool
 	ad          Advert
+	loadSeq     uint64
 	age         time.Duration
 	fresh       bool
 	allowlisted bool
@@ -240,6 +247,7 @@ func (t *Table) view(role string) roleView {
 			node:        node,
 			hasAdvert:   true,
 			ad:          e.ad,
+			loadSeq:     e.loadSeq,
 			age:         now.Sub(e.received),
 			fresh:       t.fresh(e.received, now),
 			allowlisted: has(t.allow, role, node),
@@ -298,7 +306,7 @@ func (t *Table) Resolve(role string) []Candidate {
 			continue // cheap checks first: admission may cost more
 		}
 		if len(t.reasons(r)) == 0 {
-			out = append(out, Candidate{Kind: KindRemote, Node: r.node, Model: r.ad.Model, Load: r.ad.Load, Capacity: r.ad.Capacity})
+			out = append(out, Candidate{Kind: KindRemote, Node: r.node, Model: r.ad.Model, Load: r.ad.Load, Capacity: r.ad.Capacity, LoadSeq: r.loadSeq})
 		}
 	}
 	sortRemotes(out[start:])

@@ -385,18 +385,20 @@ func TestReportLoad(t *testing.T) {
 	if got := nodes(env.t.Resolve("chat")); !reflect.DeepEqual(got, []string{"b", "c"}) {
 		t.Fatalf("before: %v", got)
 	}
+	seq0 := env.t.Resolve("chat")[0].LoadSeq
 	c := Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9}
-	if !env.t.ReportLoad("chat", "b", 5, c) {
-		t.Fatal("ReportLoad(b) not taken")
+	seq := env.t.ReportLoad("chat", "b", 5, c)
+	if seq == 0 || seq == seq0 {
+		t.Fatalf("ReportLoad(b): seq %d (the advert's %d), want a new one", seq, seq0)
 	}
 	got := env.t.Resolve("chat")
-	if !reflect.DeepEqual(nodes(got), []string{"c", "b"}) || got[1].Load != 5 || got[1].Capacity != c {
-		t.Fatalf("after b's report: %+v, want c then b with load 5 and %+v", got, c)
+	if !reflect.DeepEqual(nodes(got), []string{"c", "b"}) || got[1].Load != 5 || got[1].Capacity != c || got[1].LoadSeq != seq {
+		t.Fatalf("after b's report: %+v, want c then b with load 5, %+v and seq %d", got, c, seq)
 	}
 	if env.t.Generation() != gen {
 		t.Errorf("generation moved %d -> %d", gen, env.t.Generation())
 	}
-	if env.t.ReportLoad("chat", "d", 0, Capacity{}) || env.t.ReportLoad("embed", "b", 0, Capacity{}) {
+	if env.t.ReportLoad("chat", "d", 0, Capacity{}) != 0 || env.t.ReportLoad("embed", "b", 0, Capacity{}) != 0 {
 		t.Error("a report for an advert not held was taken")
 	}
 	if got := nodes(env.t.Resolve("chat")); !reflect.DeepEqual(got, []string{"c", "b"}) {
@@ -405,8 +407,15 @@ func TestReportLoad(t *testing.T) {
 	// The next advert replaces the report.
 	env.clock.Advance(time.Second)
 	env.hear(t, "chat", "b", 0)
-	if got := env.t.Resolve("chat"); !reflect.DeepEqual(nodes(got), []string{"b", "c"}) || got[0].Capacity != (Capacity{}) {
-		t.Errorf("after b's next advert: %+v", got)
+	got = env.t.Resolve("chat")
+	if !reflect.DeepEqual(nodes(got), []string{"b", "c"}) || got[0].Capacity != (Capacity{}) || got[0].LoadSeq <= seq {
+		t.Errorf("after b's next advert: %+v, want its load under a new seq", got)
+	}
+	// A repeat of the same advert leaves the seq: nothing new was said.
+	seq = got[0].LoadSeq
+	env.hear(t, "chat", "b", 0)
+	if got := env.t.Resolve("chat"); got[0].LoadSeq != seq {
+		t.Errorf("a repeated advert moved the seq %d -> %d", seq, got[0].LoadSeq)
 	}
 	// Freshness comes from adverts only.
 	env.clock.Advance(50 * time.Second)

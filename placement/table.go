@@ -31,6 +31,9 @@ type remoteEntry struct {
 	// received is when *we* received the latest copy. The peer's own clock
 	// is never trusted for freshness.
 	received time.Time
+	// loadSeq changes whenever the load and capacity held change (an
+	// advert saying something new, a load report): Candidate.LoadSeq.
+	loadSeq uint64
 }
 
 // Table maps roles to the nodes serving them. Create it with New.
@@ -51,6 +54,7 @@ type Table struct {
 	exposed    map[string]struct{}
 	proxyPorts map[string]uint16
 	gen        uint64
+	loadSeq    uint64 // the last remoteEntry.loadSeq given
 	changed    chan struct{}
 }
 

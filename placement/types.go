@@ -231,6 +231,11 @@ type Candidate struct {
 	// Capacity is the instance's capacity and use: the advert's (remote),
 	// SetLocalCapacity's (local).
 	Capacity Capacity
+	// LoadSeq (remote only) changes whenever Load and Capacity do: an
+	// advert that says something new, or a load report (ReportLoad). A
+	// consumer that adds what it sent since to a peer's load notes what it
+	// had in flight at a LoadSeq, and starts again when LoadSeq moves.
+	LoadSeq uint64
 }
 
 // Decision is Explain's verdict on one node for a role.

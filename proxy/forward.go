@@ -138,8 +138,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		if c.Kind == placement.KindRemote && p.cfg.OnLoadReport != nil {
 			if v := headerValue(resp.Header, LoadHeader); v != "" {
 				if lr, ok := ParseLoadReport(v); ok {
-					p.router.takeReport(role, target)
-					p.cfg.OnLoadReport(role, target, lr)
+					if seq := p.cfg.OnLoadReport(role, target, lr); seq != 0 {
+						p.router.takeReport(role, target, seq)
+					}
 					p.kick(role)
 				}
 			}

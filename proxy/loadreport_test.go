@@ -113,11 +113,12 @@ func TestLoadReportRidesThePeersAnswer(t *testing.T) {
 	e := newEnv(t, Config{
 		Resolver: fakeResolver{{Kind: placement.KindRemote, Node: "b", Model: "m"}},
 		Remote:   loopRemote{"b": peerSrv.URL},
-		OnLoadReport: func(role, node string, r LoadReport) {
+		OnLoadReport: func(role, node string, r LoadReport) uint64 {
 			mu.Lock()
 			defer mu.Unlock()
 			got = append(got, role+"/"+node)
 			reports = append(reports, r)
+			return uint64(len(got))
 		},
 	})
 	resp, err := http.Post(e.url+pathChat, "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))

@@ -135,10 +135,15 @@ type Config struct {
 	// LoadReport gives the load report every answer to a peer for role
 	// carries (loadreport.go). Nil: none is sent.
 	LoadReport func(role string) LoadReport
+	// ExternalLoad is the requests at role's local instance that did not
+	// come through this proxy, as its engine last counted them: the local
+	// candidate's load is that plus this proxy's own count now. Nil: none.
+	ExternalLoad func(role string) int64
 	// OnLoadReport takes the load report of node's answer for role,
-	// before the answer is relayed. Must be quick. Nil: reports are
+	// before the answer is relayed, and returns the candidate's LoadSeq
+	// it is held under (0: not taken). Must be quick. Nil: reports are
 	// ignored.
-	OnLoadReport func(role, node string, r LoadReport)
+	OnLoadReport func(role, node string, r LoadReport) uint64
 	// Routing gives a role's routing settings (route.go), read on every
 	// request with more than one candidate. Nil: the defaults (policy
 	// auto, no queue).

@@ -75,11 +75,11 @@ type router struct {
 	index *routing.Index
 	stats *routing.Stats
 	// mine counts this node's requests in flight per role and peer;
-	// atReport is mine when the peer's last load report was taken (that
-	// report counted them): the peer's load now is its report less those,
-	// plus mine.
+	// atReport is mine when the peer's load as held now (its LoadSeq: an
+	// advert or a load report) was taken, which counted them: the peer's
+	// load now is what is held less those, plus mine.
 	mine     busyCounts
-	atReport sync.Map // role\x00node -> *atomic.Int64
+	atReport sync.Map // role\x00node -> *baseline
 	qmu      sync.Mutex
 	queues   map[string]*routeQueue
 	pool     sync.Pool // *routeScratch
@@ -119,21 +119,43 @@ func targetOf(c placement.Candidate) string {
 	return c.Node
 }
 
-// takeReport notes that node's load report for role was taken now.
-func (rt *router) takeReport(role, node string) {
-	k := targetKey(role, node)
-	v, ok := rt.atReport.Load(k)
-	if !ok {
-		v, _ = rt.atReport.LoadOrStore(k, new(atomic.Int64))
-	}
-	v.(*atomic.Int64).Store(rt.mine.get(k))
+// baseline is this node's count in flight to a peer when the peer's load
+// held under seq was taken.
+type baseline struct {
+	mu   sync.Mutex
+	seq  uint64
+	mine int64
 }
 
-func (rt *router) reported(k string) int64 {
-	if v, ok := rt.atReport.Load(k); ok {
-		return v.(*atomic.Int64).Load()
+func (rt *router) baselineOf(k string) *baseline {
+	v, ok := rt.atReport.Load(k)
+	if !ok {
+		v, _ = rt.atReport.LoadOrStore(k, new(baseline))
 	}
-	return 0
+	return v.(*baseline)
+}
+
+// takeReport notes that node's load report for role was taken now, held
+// under seq.
+func (rt *router) takeReport(role, node string, seq uint64) {
+	k := targetKey(role, node)
+	b := rt.baselineOf(k)
+	b.mu.Lock()
+	b.seq, b.mine = seq, rt.mine.get(k)
+	b.mu.Unlock()
+}
+
+// reported is this node's count in flight to k when the load held under
+// seq was taken: as noted, or, for a seq not seen before (an advert that
+// arrived since), mine now.
+func (rt *router) reported(k string, seq uint64, mine int64) int64 {
+	b := rt.baselineOf(k)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.seq != seq {
+		b.seq, b.mine = seq, mine
+	}
+	return b.mine
 }
 
 // routeReq is one request's routing: its prompt, its decision, and what
@@ -218,10 +240,22 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 		target := targetOf(c)
 		k := targetKey(role, target)
 		if rc.Local {
-			rc.InFlight = clampU32(p.busy.get(role))
+			// This proxy's count is exact and current, the engine's
+			// up to a scrape old: what the engine counted beyond this
+			// proxy stands for the rest.
+			n := p.busy.get(role)
+			if p.cfg.ExternalLoad != nil {
+				n += p.cfg.ExternalLoad(role)
+			}
+			rc.InFlight, rc.Running, rc.Waiting = clampU32(n), 0, 0
 		} else {
+			// The peer's load as held (its agent's count or its
+			// engine's, the larger) counted what this node had in
+			// flight to it then; what this node has now replaces that.
 			mine := rt.mine.get(k)
-			rc.InFlight = clampU32(max(int64(c.Load)-rt.reported(k), 0) + mine)
+			held := max(int64(c.Load), int64(c.Capacity.Running)+int64(c.Capacity.Waiting))
+			rc.InFlight = clampU32(max(held-rt.reported(k, c.LoadSeq, mine), 0) + mine)
+			rc.Running, rc.Waiting = 0, 0
 			if p.cfg.RTT != nil {
 				rc.RTT = p.cfg.RTT(c.Node).Truncate(rttStep)
 			}

@@ -304,3 +304,50 @@ func TestRouteQueue(t *testing.T) {
 		t.Errorf("queue after the timeout: %d", n)
 	}
 }
+
+// A peer's load as held counted what this node had in flight to it when
+// it was taken: the estimate adds only what this node sent since, and a
+// request of its own that has ended since stops counting, even while the
+// report still says it runs. A new LoadSeq (an advert) starts again.
+func TestRoutePeerLoadCountsMineOnce(t *testing.T) {
+	p := &Proxy{router: newRouter()}
+	cand := func(load, running uint32, seq uint64) []placement.Candidate {
+		return []placement.Candidate{
+			{Kind: placement.KindRemote, Node: "b", Load: load, LoadSeq: seq, Capacity: placement.Capacity{Slots: 4, Running: running}},
+			{Kind: placement.KindRemote, Node: "c", LoadSeq: 1},
+		}
+	}
+	inFlight := func(cs []placement.Candidate) uint32 {
+		rr := &routeReq{s: &routeScratch{}}
+		p.decide("chat", RouteConfig{}, cs, routing.Request{}, rr)
+		return rr.s.cands[0].InFlight
+	}
+	k := targetKey("chat", "b")
+	// Two of this node's requests run at b; b's answer to the second
+	// reported 3 running (one from another consumer).
+	done1 := p.router.mine.add(k)
+	done2 := p.router.mine.add(k)
+	p.router.takeReport("chat", "b", 7)
+	if got := inFlight(cand(3, 3, 7)); got != 3 {
+		t.Errorf("at the report: %d in flight, want 3", got)
+	}
+	done3 := p.router.mine.add(k)
+	if got := inFlight(cand(3, 3, 7)); got != 4 {
+		t.Errorf("one sent since: %d, want 4", got)
+	}
+	done1()
+	done2()
+	done3()
+	if got := inFlight(cand(3, 3, 7)); got != 1 {
+		t.Errorf("all of this node's ended, the report still says 3: %d, want 1 (the other consumer's)", got)
+	}
+	// An advert that says b runs 2 arrives: it counts none of this node's.
+	if got := inFlight(cand(2, 2, 8)); got != 2 {
+		t.Errorf("after a new advert: %d, want 2", got)
+	}
+	done4 := p.router.mine.add(k)
+	defer done4()
+	if got := inFlight(cand(2, 2, 8)); got != 3 {
+		t.Errorf("one sent after the advert: %d, want 3", got)
+	}
+}
