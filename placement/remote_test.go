@@ -163,8 +163,8 @@ func TestResolveOrdering(t *testing.T) {
 					}
 					continue
 				}
-				want := Candidate{Kind: KindRemote, Node: c.Node, Model: "m-" + c.Node, Load: tt.adverts[c.Node]}
-				if c != want {
+				want := Candidate{Kind: KindRemote, Node: c.Node, Model: "m-" + c.Node, Load: tt.adverts[c.Node], LoadSeq: c.LoadSeq}
+				if c != want || c.LoadSeq == 0 {
 					t.Errorf("Resolve(chat)[%d] = %+v, want %+v", i, c, want)
 				}
 			}

@@ -294,14 +294,20 @@ func TestRouteQueue(t *testing.T) {
 
 	// A wait past the timeout.
 	e2 := newRouteEnv(t, RouteConfig{QueueMax: 1, QueueTimeout: 100 * time.Millisecond})
+	held := e2.send(t.Context(), "held")
+	wait(t, "held at the local instance", func() bool { return e2.local.has("held") })
 	cands = e2.res.Resolve("chat")
-	cands[0].Capacity.Running, cands[1].Load = 1, 1
+	cands[1].Load = 1
 	e2.res.set(cands...)
 	if a := <-e2.send(t.Context(), "late"); a.status != 503 || a.retry == "" || !strings.Contains(a.body, "stayed at capacity") {
 		t.Errorf("a request that waited past the timeout: %+v", a)
 	}
 	if n := e2.p.QueueLen("chat"); n != 0 {
 		t.Errorf("queue after the timeout: %d", n)
+	}
+	close(e2.local.ch("held"))
+	if a := <-held; a.status != 200 {
+		t.Errorf("held: %+v", a)
 	}
 }
 
@@ -349,5 +355,31 @@ func TestRoutePeerLoadCountsMineOnce(t *testing.T) {
 	defer done4()
 	if got := inFlight(cand(2, 2, 8)); got != 3 {
 		t.Errorf("one sent after the advert: %d, want 3", got)
+	}
+}
+
+// The local instance's load is this proxy's own count now plus what its
+// engine counted beyond it; its scraped running count, up to a scrape old,
+// is not read (a request that ended since would still count).
+func TestRouteLocalLoadIsOwnCountPlusExternal(t *testing.T) {
+	ext := int64(2)
+	p := &Proxy{router: newRouter(), cfg: Config{ExternalLoad: func(string) int64 { return ext }}}
+	cands := []placement.Candidate{
+		{Kind: placement.KindLocal, Node: "a", Capacity: placement.Capacity{Slots: 4, Running: 4}},
+		{Kind: placement.KindRemote, Node: "b", LoadSeq: 1},
+	}
+	local := func() routing.Cand {
+		rr := &routeReq{s: &routeScratch{}}
+		p.decide("chat", RouteConfig{}, cands, routing.Request{}, rr)
+		return rr.s.cands[0]
+	}
+	done := p.busy.add("chat")
+	if c := local(); c.InFlight != 3 || c.Running != 0 || c.Full() {
+		t.Errorf("one of this proxy's and two external: %+v, want 3 in flight, not full", c)
+	}
+	done()
+	ext = 0
+	if c := local(); c.InFlight != 0 {
+		t.Errorf("idle: %+v, want 0 in flight whatever the last scrape said", c)
 	}
 }
