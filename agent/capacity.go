@@ -134,6 +134,7 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			if st.HasKV {
 				c.KVUsage = float32(st.KVUsage)
 			}
+			c.CacheTokens = uint32(st.CacheTokens)
 			if st.Waiting > 0 && st.Running > 0 {
 				// Requests wait only when every slot runs one (or the
 				// KV cache holds no more): that many is its capacity

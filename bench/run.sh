@@ -51,7 +51,8 @@
 # flags to it (-routing-popularity zipf, -routing-turns 3, -routing-seed N,
 # -routing-rates 1, -routing-window 4s); BENCH_ROUTING_POLICY replaces the
 # consumers' routing mapping ("{policy: local-first}"); BENCH_SKIP_ROUTING=1
-# leaves it out.
+# leaves it out. BENCH_ROUTING_LOG=info (with BENCH_KEEP=1) keeps the
+# agents' access logs, with every routing decision, in the work directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_STARTED=$(date +%s)
@@ -242,7 +243,7 @@ routing_phase() {
     esac
     cat >"$d/$node.yaml" <<EOF
 node: {name: $node, state_dir: $d/$node}
-log: {level: warn}
+log: {level: ${BENCH_ROUTING_LOG:-warn}}
 admin: {socket: $d/$node/admin.sock}
 mesh: {bind: "${IP[$node]}:${GOSSIP[$node]}", quic: "${IP[$node]}:${QUICP[$node]}"$join}
 trust: {nodes: [${others%, }]}

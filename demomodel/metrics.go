@@ -2,6 +2,7 @@ package demomodel
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -162,6 +163,13 @@ func (s *Server) serveMetrics(w http.ResponseWriter) {
 		p.metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", float64(c.cached))
 		p.metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(c.prompt))
 		p.metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", float64(c.generated))
+		if s.cfg.CacheTokens > 0 && s.cfg.CacheBlock > 0 {
+			// An info gauge, its labels the cache's config, as vLLM's
+			// (no model_name: vLLM labels it with the config alone).
+			p.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+			p.b = fmt.Appendf(p.b, "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"%d\"} 1.0\n",
+				s.cfg.CacheBlock, s.cfg.CacheTokens/s.cfg.CacheBlock)
+		}
 		p.family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
 		for i, n := range c.finished {
 			p.sample("vllm:request_success_total", `finished_reason="`+finishNames[i]+`"`, float64(n))

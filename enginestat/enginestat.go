@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -53,6 +54,10 @@ type Stats struct {
 	Running, Waiting float64
 	KVUsage          float64 // 0 to 1
 	HasKV            bool
+	// CacheTokens is the tokens the KV cache holds: vLLM's
+	// vllm:cache_config_info labels num_gpu_blocks × block_size; 0 when
+	// not said.
+	CacheTokens float64
 }
 
 // names per engine: running, waiting, then the KV cache gauges in order
@@ -101,7 +106,33 @@ func Parse(text []byte, mode string) (Stats, error) {
 			break
 		}
 	}
+	if engine == VLLM {
+		st.CacheTokens = vllmCacheTokens(fams["vllm:cache_config_info"])
+	}
 	return st, nil
+}
+
+// vllmCacheTokens reads vLLM's cache_config_info (an info gauge whose
+// labels are the cache's config): num_gpu_blocks × block_size, bounded to
+// 32 bits; 0 when either is absent or not a count.
+func vllmCacheTokens(f *dto.MetricFamily) float64 {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0
+	}
+	var blocks, size uint64
+	var errB, errS error = strconv.ErrSyntax, strconv.ErrSyntax
+	for _, l := range f.GetMetric()[0].GetLabel() {
+		switch l.GetName() {
+		case "num_gpu_blocks":
+			blocks, errB = strconv.ParseUint(l.GetValue(), 10, 32)
+		case "block_size":
+			size, errS = strconv.ParseUint(l.GetValue(), 10, 32)
+		}
+	}
+	if errB != nil || errS != nil {
+		return 0
+	}
+	return float64(min(blocks*size, math.MaxUint32))
 }
 
 // count is a gauge read as a count: at least 0, at most 2^32-1.

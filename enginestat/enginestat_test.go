@@ -90,6 +90,10 @@ func TestParseEngineMetrics(t *testing.T) {
 			if _, err := Parse(fetch(t, s.URL+"/metrics"), other); err == nil {
 				t.Errorf("%s's metrics read as %s", format, other)
 			}
+			// vLLM's cache_config_info: 1,024 blocks of 4 tokens.
+			if want := map[string]float64{LlamaCpp: 0, VLLM: 4096}[format]; st.CacheTokens != want {
+				t.Errorf("cache tokens %v, want %v", st.CacheTokens, want)
+			}
 			if format == LlamaCpp {
 				n, err := ParseSlots(fetch(t, s.URL+"/slots"))
 				if err != nil || n != 2 {
@@ -127,5 +131,26 @@ vllm:gpu_cache_usage_perc{model_name="a"} 1.5
 	}
 	if ValidMode("sglang") {
 		t.Error("ValidMode(sglang) = true")
+	}
+}
+
+// vLLM's cache_config_info as vLLM writes it; a block count or size that
+// is not a count reads as unknown, never as a cache.
+func TestVLLMCacheConfigInfo(t *testing.T) {
+	const head = "vllm:num_requests_running 1\n# TYPE vllm:cache_config_info gauge\n"
+	for _, tc := range []struct {
+		labels string
+		want   float64
+	}{
+		{`block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="27008"`, 27008 * 16},
+		{`block_size="16",num_gpu_blocks="None"`, 0},
+		{`block_size="-1",num_gpu_blocks="8"`, 0},
+		{`num_gpu_blocks="8"`, 0},
+		{`block_size="4294967295",num_gpu_blocks="4294967295"`, 1<<32 - 1},
+	} {
+		st, err := Parse([]byte(head+"vllm:cache_config_info{"+tc.labels+"} 1.0\n"), VLLM)
+		if err != nil || st.CacheTokens != tc.want {
+			t.Errorf("%s: %v tokens, %v; want %v", tc.labels, st.CacheTokens, err, tc.want)
+		}
 	}
 }

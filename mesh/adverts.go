@@ -63,13 +63,14 @@ type advertCap struct {
 	Running uint32  `json:"r,omitempty"`
 	Waiting uint32  `json:"w,omitempty"`
 	KV      float32 `json:"kv,omitempty"`
+	Cache   uint32  `json:"c,omitempty"` // tokens the KV cache holds
 }
 
 func capOf(c placement.Capacity) *advertCap {
 	if !c.Known() {
 		return nil
 	}
-	return &advertCap{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KV: c.KVUsage}
+	return &advertCap{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KV: c.KVUsage, Cache: c.CacheTokens}
 }
 
 func (b advertBody) advert() placement.Advert {
@@ -83,7 +84,7 @@ func (b advertBody) advert() placement.Advert {
 		if !(kv >= 0) { // NaN, or negative: a hostile or broken origin
 			kv = 0
 		}
-		ad.Capacity = placement.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: min(kv, 1)}
+		ad.Capacity = placement.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: min(kv, 1), CacheTokens: c.Cache}
 	}
 	return ad
 }

@@ -33,7 +33,7 @@ func TestCapacityTravelsInAdverts(t *testing.T) {
 		got, ok := capOfRemote(a, "chat", "b")
 		return ok && got == first
 	})
-	next := placement.Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9}
+	next := placement.Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9, CacheTokens: 16384}
 	b.tab.SetLocalCapacity("chat", next)
 	eventually(t, 3*time.Second, "a holds b's new capacity", func() bool {
 		got, _ := capOfRemote(a, "chat", "b")
@@ -56,6 +56,7 @@ func TestAdvertCapacityDecoding(t *testing.T) {
 	}{
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"]}`, placement.Capacity{}},
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"r":2,"w":1,"kv":0.5}}`, placement.Capacity{Slots: 8, Running: 2, Waiting: 1, KVUsage: 0.5}},
+		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"r":2,"kv":0.5,"c":16384}}`, placement.Capacity{Slots: 8, Running: 2, KVUsage: 0.5, CacheTokens: 16384}},
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"kv":-3}}`, placement.Capacity{Slots: 8}},
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"kv":7}}`, placement.Capacity{Slots: 8, KVUsage: 1}},
 	} {

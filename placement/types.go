@@ -157,10 +157,13 @@ type Advert struct {
 // Capacity is an instance's capacity and use, as its engine reports it
 // (llama.cpp's or vLLM's metrics) or its config states: how many requests
 // it runs at once (Slots; 0: unknown), how many it runs now and how many
-// wait for a slot, and the share of its KV cache in use (0 to 1).
+// wait for a slot, the share of its KV cache in use (0 to 1), and the
+// tokens its KV cache holds (CacheTokens; 0: unknown), which bounds the
+// prefixes it can keep.
 type Capacity struct {
 	Slots, Running, Waiting uint32
 	KVUsage                 float32
+	CacheTokens             uint32
 }
 
 // Known reports whether anything is known of the capacity.

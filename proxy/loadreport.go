@@ -17,7 +17,8 @@ import (
 // header of a peer's answer, it never reaches the app.
 
 // LoadHeader carries a load report: "load=3, slots=4, running=2,
-// waiting=1, kv=0.42" (the keys in any order; unknown keys are ignored).
+// waiting=1, kv=0.42, cache=16384" (the keys in any order; unknown keys
+// are ignored; cache, the tokens the KV cache holds, only when known).
 const LoadHeader = "Infermesh-Load"
 
 // LoadReport is one report.
@@ -41,6 +42,10 @@ func (r LoadReport) String() string {
 		b = strconv.AppendUint(b, uint64(c.Waiting), 10)
 		b = append(b, ", kv="...)
 		b = strconv.AppendFloat(b, float64(c.KVUsage), 'f', 3, 32)
+		if c.CacheTokens > 0 {
+			b = append(b, ", cache="...)
+			b = strconv.AppendUint(b, uint64(c.CacheTokens), 10)
+		}
 	}
 	return string(b)
 }
@@ -65,7 +70,7 @@ func ParseLoadReport(v string) (LoadReport, bool) {
 		}
 		n, err := strconv.ParseUint(val, 10, 32)
 		if err != nil {
-			if k == "load" || k == "slots" || k == "running" || k == "waiting" {
+			if k == "load" || k == "slots" || k == "running" || k == "waiting" || k == "cache" {
 				return LoadReport{}, false
 			}
 			continue
@@ -79,6 +84,8 @@ func ParseLoadReport(v string) (LoadReport, bool) {
 			r.Capacity.Running = uint32(n)
 		case "waiting":
 			r.Capacity.Waiting = uint32(n)
+		case "cache":
+			r.Capacity.CacheTokens = uint32(n)
 		}
 	}
 	if !seen {

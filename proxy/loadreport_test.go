@@ -17,6 +17,7 @@ func TestLoadReportRoundTrip(t *testing.T) {
 		{},
 		{Load: 7},
 		{Load: 3, Capacity: placement.Capacity{Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.42}},
+		{Load: 3, Capacity: placement.Capacity{Slots: 4, Running: 2, KVUsage: 0.5, CacheTokens: 16384}},
 		{Load: 1<<32 - 1, Capacity: placement.Capacity{Slots: 1<<32 - 1, KVUsage: 1}},
 	} {
 		got, ok := ParseLoadReport(r.String())

@@ -86,8 +86,8 @@ type router struct {
 }
 
 // indexBlocks bounds the prefix index per target: 4096 blocks of 64
-// tokens, 256k tokens, about a large engine's prefix cache. Targets do
-// not advertise their cache size (yet).
+// tokens, 256k tokens, about a large engine's prefix cache. A target that
+// advertises its cache size (vLLM's cache_config_info) is held to that.
 const (
 	indexBlocks = 4096
 	blockTokens = 64
@@ -297,7 +297,7 @@ func (rr *routeReq) learn(rt *router, role string, c placement.Candidate, pos in
 	}
 	k := targetKey(role, targetOf(c))
 	if len(rr.blocks) > 0 {
-		rt.index.Record(k, rr.blocks)
+		rt.index.Record(k, rr.blocks, int(c.Capacity.CacheTokens/blockTokens))
 	}
 	if pos < len(rr.ests) && !rr.queued && rr.ests[pos].Queue == 0 && rr.ests[pos].Prefill > 0 {
 		if unc := rr.tokens - rr.ests[pos].Cached; unc >= blockTokens {

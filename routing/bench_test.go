@@ -63,7 +63,7 @@ func BenchmarkIndexCached(b *testing.B) {
 		for k := range 32 {
 			blocks[k] = uint64(p)<<32 | uint64(k)
 		}
-		x.Record(target, blocks[:32])
+		x.Record(target, blocks[:32], 0)
 	}
 	// The prompt: one held a while ago, one new block at its end.
 	for k := range 32 {

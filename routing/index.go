@@ -59,8 +59,10 @@ func (x *Index) Cached(target string, blocks []uint64) int {
 }
 
 // Record notes that blocks were sent to target (the instance will cache
-// them), most recent first for eviction.
-func (x *Index) Record(target string, blocks []uint64) {
+// them), most recent first for eviction. limit, when above 0 and below
+// the index's bound, is the target's own cache size in blocks (what it
+// advertises): the target's entries are held to it.
+func (x *Index) Record(target string, blocks []uint64, limit int) {
 	if len(blocks) == 0 {
 		return
 	}
@@ -71,6 +73,10 @@ func (x *Index) Record(target string, blocks []uint64) {
 		l = &lru{order: list.New(), at: map[uint64]*list.Element{}}
 		x.targets[target] = l
 	}
+	bound := x.blocks
+	if limit > 0 && limit < bound {
+		bound = limit
+	}
 	// Back to front, so the first block ends the most recent: it is
 	// shared by the most requests and is the last to go.
 	for i := len(blocks) - 1; i >= 0; i-- {
@@ -80,7 +86,7 @@ func (x *Index) Record(target string, blocks []uint64) {
 			continue
 		}
 		l.at[h] = l.order.PushFront(h)
-		if l.order.Len() > x.blocks {
+		for l.order.Len() > bound {
 			old := l.order.Back()
 			l.order.Remove(old)
 			delete(l.at, old.Value.(uint64))

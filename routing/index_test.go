@@ -21,7 +21,7 @@ func chain(shared []uint64, prompt, n int) []uint64 {
 
 func TestIndexCached(t *testing.T) {
 	x := routing.NewIndex(1024)
-	x.Record("b", []uint64{1, 2, 3, 4})
+	x.Record("b", []uint64{1, 2, 3, 4}, 0)
 	for _, tt := range []struct {
 		name   string
 		target string
@@ -41,7 +41,7 @@ func TestIndexCached(t *testing.T) {
 			t.Errorf("%s: Cached(%s, %v) = %d, want %d", tt.name, tt.target, tt.blocks, got, tt.want)
 		}
 	}
-	x.Record("b", nil)
+	x.Record("b", nil, 0)
 	if n := x.Len("b"); n != 4 {
 		t.Errorf("Len after recording nothing: %d", n)
 	}
@@ -49,7 +49,7 @@ func TestIndexCached(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	for p := range 50 {
 		blocks := chain([]uint64{1, 2}, p, 2+r.IntN(40))
-		x.Record("c", blocks)
+		x.Record("c", blocks, 0)
 		if got := x.Cached("c", blocks); got != len(blocks) {
 			t.Fatalf("prompt %d: Cached %d after Record of %d", p, got, len(blocks))
 		}
@@ -65,33 +65,33 @@ func TestIndexLRU(t *testing.T) {
 	x := routing.NewIndex(8)
 	a := []uint64{11, 12, 13, 14}
 	b := []uint64{21, 22, 23, 24}
-	x.Record("t", a)
-	x.Record("t", b)
+	x.Record("t", a, 0)
+	x.Record("t", b, 0)
 	if x.Len("t") != 8 || x.Cached("t", a) != 4 || x.Cached("t", b) != 4 {
 		t.Fatalf("full index: len %d, a %d, b %d", x.Len("t"), x.Cached("t", a), x.Cached("t", b))
 	}
 	// Two new blocks evict the two least recent: a's last ones (a's
 	// first block was recorded after its last).
-	x.Record("t", []uint64{31, 32})
+	x.Record("t", []uint64{31, 32}, 0)
 	if x.Len("t") != 8 || x.Cached("t", a) != 2 || x.Cached("t", b) != 4 {
 		t.Fatalf("after eviction: len %d, a %d (want 2), b %d (want 4)", x.Len("t"), x.Cached("t", a), x.Cached("t", b))
 	}
 	// Recording b again makes it the most recent: the next eviction
 	// takes what is left of a.
-	x.Record("t", b)
-	x.Record("t", []uint64{41, 42})
+	x.Record("t", b, 0)
+	x.Record("t", []uint64{41, 42}, 0)
 	if x.Cached("t", a) != 0 || x.Cached("t", b) != 4 || x.Cached("t", []uint64{31, 32}) != 2 {
 		t.Fatalf("after refresh: a %d (want 0), b %d (want 4), c %d (want 2)", x.Cached("t", a), x.Cached("t", b), x.Cached("t", []uint64{31, 32}))
 	}
 	// A prompt longer than the bound keeps its first blocks.
 	long := chain(nil, 7, 20)
-	x.Record("t", long)
+	x.Record("t", long, 0)
 	if x.Len("t") != 8 || x.Cached("t", long) != 8 {
 		t.Fatalf("long prompt: len %d, cached %d (want 8, 8)", x.Len("t"), x.Cached("t", long))
 	}
 	// A bound below one is one.
 	y := routing.NewIndex(0)
-	y.Record("t", []uint64{1, 2, 3})
+	y.Record("t", []uint64{1, 2, 3}, 0)
 	if y.Len("t") != 1 || y.Cached("t", []uint64{1, 2, 3}) != 1 {
 		t.Fatalf("bound 0: len %d, cached %d", y.Len("t"), y.Cached("t", []uint64{1, 2, 3}))
 	}
@@ -105,7 +105,7 @@ func TestIndexHotPrefix(t *testing.T) {
 	hot := []uint64{101, 102, 103, 104, 105}
 	r := rand.New(rand.NewPCG(10, 11))
 	for p := range 2000 {
-		x.Record("t", chain(hot, p, len(hot)+r.IntN(30)))
+		x.Record("t", chain(hot, p, len(hot)+r.IntN(30)), 0)
 		if n := x.Len("t"); n > bound {
 			t.Fatalf("prompt %d: %d blocks held, bound %d", p, n, bound)
 		}
@@ -117,7 +117,7 @@ func TestIndexHotPrefix(t *testing.T) {
 		t.Fatalf("len %d, want the bound %d", x.Len("t"), bound)
 	}
 	// The bound is per target.
-	x.Record("u", chain(nil, 1, 10))
+	x.Record("u", chain(nil, 1, 10), 0)
 	if x.Len("u") != 10 || x.Len("t") != bound {
 		t.Fatalf("per target: u %d, t %d", x.Len("u"), x.Len("t"))
 	}
@@ -125,8 +125,8 @@ func TestIndexHotPrefix(t *testing.T) {
 
 func TestIndexForget(t *testing.T) {
 	x := routing.NewIndex(16)
-	x.Record("b", []uint64{1, 2, 3})
-	x.Record("c", []uint64{1, 2, 3})
+	x.Record("b", []uint64{1, 2, 3}, 0)
+	x.Record("c", []uint64{1, 2, 3}, 0)
 	x.Forget("b")
 	x.Forget("nobody")
 	if x.Len("b") != 0 || x.Cached("b", []uint64{1, 2, 3}) != 0 {
@@ -135,7 +135,7 @@ func TestIndexForget(t *testing.T) {
 	if x.Len("c") != 3 || x.Cached("c", []uint64{1, 2, 3}) != 3 {
 		t.Fatalf("c lost with b: len %d", x.Len("c"))
 	}
-	x.Record("b", []uint64{1})
+	x.Record("b", []uint64{1}, 0)
 	if x.Cached("b", []uint64{1, 2, 3}) != 1 {
 		t.Fatal("b after coming back")
 	}
@@ -154,7 +154,7 @@ func TestIndexConcurrent(t *testing.T) {
 				blocks := chain(hot, g*10000+i%50, len(hot)+r.IntN(20))
 				switch i % 4 {
 				case 0, 1:
-					x.Record(target, blocks)
+					x.Record(target, blocks, 0)
 				case 2:
 					if n := x.Cached(target, blocks); n > len(blocks) {
 						t.Errorf("cached %d of %d", n, len(blocks))
@@ -171,4 +171,25 @@ func TestIndexConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// A target's own cache size (limit) holds its entries below the index's
+// bound: it evicts as the target would; other targets keep the bound.
+func TestIndexHeldToTheTargetsCache(t *testing.T) {
+	x := routing.NewIndex(100)
+	x.Record("small", []uint64{1, 2, 3, 4}, 3)
+	if n := x.Len("small"); n != 3 {
+		t.Errorf("a target of 3 blocks holds %d", n)
+	}
+	if got := x.Cached("small", []uint64{1, 2, 3, 4}); got != 3 {
+		t.Errorf("cached %d, want the first 3 (the last block went first)", got)
+	}
+	x.Record("big", []uint64{1, 2, 3, 4}, 1000)
+	if n := x.Len("big"); n != 4 {
+		t.Errorf("a limit over the bound: %d held, want 4", n)
+	}
+	x.Record("small", []uint64{5}, 3)
+	if got := x.Cached("small", []uint64{1, 2, 3}); got != 2 {
+		t.Errorf("after one more block: cached %d of the first prefix, want 2", got)
+	}
 }
