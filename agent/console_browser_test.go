@@ -21,7 +21,8 @@ import (
 // protocol): a accepts chat from b and c, which serve it. The page, reached
 // through the URL `infermesh console` prints, shows the three nodes on the
 // map and a's two arrows (to b, and to c as its failover); a request sent
-// during the test appears in the recent list under its X-Request-Id. A
+// during the test appears in the recent list under its X-Request-Id, with
+// how its candidate was chosen. A
 // screenshot is saved under $TMPDIR as evidence.
 func TestConsoleInRealBrowser(t *testing.T) {
 	browser, err := exec.LookPath("chromium")
@@ -86,8 +87,11 @@ func TestConsoleInRealBrowser(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("chat through a = %d", resp.StatusCode)
 	}
-	poll("the request in the recent list", fmt.Sprintf(`(() => { const r = document.querySelector('#requests tr[data-id=%q]');
-		return r !== null && r.textContent.includes('chat') && r.textContent.includes('200'); })()`, id))
+	// Its route: policy local-first (the mesh tests' default), b first by
+	// its order.
+	poll("the request in the recent list, with its route", fmt.Sprintf(`(() => { const r = document.querySelector('#requests tr[data-id=%q]');
+		return r !== null && r.textContent.includes('chat') && r.textContent.includes('200') &&
+			r.querySelector('td.route').textContent === 'order' && r.querySelector('td.route').title.startsWith('local-first, key none: b not estimated; c not estimated'); })()`, id))
 
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {

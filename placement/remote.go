@@ -295,37 +295,79 @@ func (t *Table) Resolve(role string) []Candidate {
 	if ValidateRole(role) != nil {
 		return nil
 	}
-	v := t.view(role)
+	// The cheap checks under the read lock, copying only what a
+	// candidate needs; admission, which may cost more, outside it.
+	t.mu.RLock()
+	now := t.now()
+	per := t.remote[role]
+	l, hasLocal := t.local[role]
 	var out []Candidate
-	if v.hasLocal {
-		out = append(out, t.localCandidate(v))
+	if hasLocal || len(per) > 0 {
+		out = make([]Candidate, 0, len(per)+1)
+	}
+	if hasLocal {
+		out = append(out, Candidate{Kind: KindLocal, Node: t.nodeID, Base: l.Base, Model: l.Model, Capacity: t.localCap[role]})
 	}
 	start := len(out)
-	for _, r := range v.remotes {
-		if !r.hasAdvert || !r.allowlisted || !r.fresh {
-			continue // cheap checks first: admission may cost more
-		}
-		if len(t.reasons(r)) == 0 {
-			out = append(out, Candidate{Kind: KindRemote, Node: r.node, Model: r.ad.Model, Load: r.ad.Load, Capacity: r.ad.Capacity, LoadSeq: r.loadSeq})
+	for node, e := range per {
+		if t.fresh(e.received, now) && has(t.allow, role, node) {
+			out = append(out, Candidate{Kind: KindRemote, Node: node, Model: e.ad.Model, Load: e.ad.Load, Capacity: e.ad.Capacity, LoadSeq: e.loadSeq})
 		}
 	}
+	t.mu.RUnlock()
+	if t.admission == nil {
+		out = out[:start] // no mesh: no remote candidate (ReasonNoMesh)
+	} else {
+		out = slices.DeleteFunc(out, func(c Candidate) bool {
+			return c.Kind == KindRemote && !(t.admission.IsAdmitted(c.Node) && t.admission.MayServe(c.Node))
+		})
+	}
 	sortRemotes(out[start:])
+	if len(out) == 0 {
+		return nil
+	}
 	return out
 }
 
-func (t *Table) localCandidate(v roleView) Candidate {
-	return Candidate{Kind: KindLocal, Node: t.nodeID, Base: v.local.Base, Model: v.local.Model, Capacity: v.localCap}
-}
-
 // sortRemotes orders remote candidates least Load first, ties by node id.
+// Node ids are unique, so the order is total. Up to sortByIndexMin
+// candidates are sorted in place; more by small keys, then moved once
+// (a Candidate is large: swapping it costs more than comparing it).
 func sortRemotes(c []Candidate) {
-	slices.SortStableFunc(c, func(a, b Candidate) int {
+	less := func(a, b *Candidate) int {
 		if d := cmp.Compare(a.Load, b.Load); d != 0 {
 			return d
 		}
 		return cmp.Compare(a.Node, b.Node)
+	}
+	if len(c) < sortByIndexMin {
+		slices.SortFunc(c, func(a, b Candidate) int { return less(&a, &b) })
+		return
+	}
+	type key struct {
+		load uint32
+		i    int32
+		node string
+	}
+	keys := make([]key, len(c))
+	for i := range c {
+		keys[i] = key{c[i].Load, int32(i), c[i].Node}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if d := cmp.Compare(a.load, b.load); d != 0 {
+			return d
+		}
+		return cmp.Compare(a.node, b.node)
 	})
+	sorted := make([]Candidate, len(c))
+	for i, k := range keys {
+		sorted[i] = c[k.i]
+	}
+	copy(c, sorted)
 }
+
+// sortByIndexMin is where sortRemotes starts sorting by index.
+const sortByIndexMin = 16
 
 // Explain returns a decision for every node known for role: the local
 // instance, every received advertisement, and every allowlisted node that

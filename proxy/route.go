@@ -83,6 +83,8 @@ type router struct {
 	qmu      sync.Mutex
 	queues   map[string]*routeQueue
 	pool     sync.Pool // *routeScratch
+	keys     sync.Map  // [2]string{role, target} -> targetKey (key)
+	nkeys    atomic.Int64
 }
 
 // indexBlocks bounds the prefix index per target: 4096 blocks of 64
@@ -111,6 +113,27 @@ type routeScratch struct {
 }
 
 func targetKey(role, target string) string { return role + "\x00" + target }
+
+// key is targetKey, interned: a routed request asks for one per
+// candidate, and allocating each would cost more than the lookup.
+func (rt *router) key(role, target string) string {
+	rk := [2]string{role, target}
+	if v, ok := rt.keys.Load(rk); ok {
+		return v.(string)
+	}
+	k := targetKey(role, target)
+	if rt.nkeys.Add(1) > maxKeys {
+		// Peers come and go under new names: start again rather than
+		// grow without bound.
+		rt.keys.Clear()
+		rt.nkeys.Store(1)
+	}
+	rt.keys.Store(rk, k)
+	return k
+}
+
+// maxKeys bounds the interned keys (role × target).
+const maxKeys = 1 << 14
 
 func targetOf(c placement.Candidate) string {
 	if c.Kind == placement.KindLocal {
@@ -238,7 +261,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node,
 			Slots: c.Capacity.Slots, Running: c.Capacity.Running, Waiting: c.Capacity.Waiting}
 		target := targetOf(c)
-		k := targetKey(role, target)
+		k := rt.key(role, target)
 		if rc.Local {
 			// This proxy's count is exact and current, the engine's
 			// up to a scrape old: what the engine counted beyond this

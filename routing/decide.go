@@ -248,8 +248,9 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 		d.Reason = ReasonLeastLoaded
 		return d
 	}
-	// By estimate; ties: the local instance, then by node.
-	slices.SortStableFunc(d.Order, func(a, b int) int {
+	// By estimate; ties: the local instance, then by node, then as given
+	// (a total order: no stable sort needed).
+	slices.SortFunc(d.Order, func(a, b int) int {
 		if c := cmp.Compare(d.Estimates[a].Total, d.Estimates[b].Total); c != 0 {
 			return c
 		}
@@ -259,7 +260,10 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 			}
 			return 1
 		}
-		return cmp.Compare(cands[a].Node, cands[b].Node)
+		if c := cmp.Compare(cands[a].Node, cands[b].Node); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
 	})
 	best := d.Estimates[d.Order[0]].Total
 	within := func(i int) bool {
@@ -276,13 +280,23 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 	if req.Key != 0 {
 		d.Affine = affine(cands, req.Key)
 	}
+	// The local instance goes first within the margin when the key's
+	// peer has no claim over it: no key, or the local instance holds as
+	// much of the prompt as that peer does (some at least). Otherwise a
+	// tenant new to both would warm the local cache, and a busy local
+	// instance would end up holding every tenant and keeping none.
+	localFirst := local >= 0 && within(local) && (d.Affine < 0 ||
+		(d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))
 	switch {
-	case local >= 0 && within(local):
+	case localFirst:
 		d.Reason = ReasonLocal
 		moveFirst(d.Order, local)
 	case d.Affine >= 0 && within(d.Affine):
 		d.Reason = ReasonAffinity
 		moveFirst(d.Order, d.Affine)
+	case local >= 0 && within(local):
+		d.Reason = ReasonLocal
+		moveFirst(d.Order, local)
 	case local >= 0:
 		d.Reason = ReasonSpill
 	default:

@@ -78,6 +78,7 @@ func TestDecideAuto(t *testing.T) {
 	keyB := keyFor(t, "b", "b", "c")
 	keyC := keyFor(t, "c", "b", "c")
 	localBusy := func(d time.Duration) routing.Cand { c := busy("a", d); c.Local = true; return c }
+	cached := func(c routing.Cand, tokens int) routing.Cand { c.CachedTokens = tokens; return c }
 	tests := []struct {
 		name   string
 		cands  []routing.Cand
@@ -168,8 +169,24 @@ func TestDecideAuto(t *testing.T) {
 			reason: routing.ReasonSpill,
 		},
 		{
-			name:   "local within the margin wins over the key's peer",
+			name:   "local within the margin, holding nothing of the prompt, leaves it to the key's peer",
 			cands:  []routing.Cand{localBusy(40 * ms), at("b", 1*ms), at("c", 1*ms)},
+			req:    routing.Request{Key: keyC},
+			order:  "c,b,a*",
+			reason: routing.ReasonAffinity,
+			affine: "c",
+		},
+		{
+			name:   "local within the margin, holding as much as the key's peer, wins",
+			cands:  []routing.Cand{cached(localBusy(40*ms), 640), at("b", 1*ms), cached(at("c", 1*ms), 640)},
+			req:    routing.Request{Key: keyC, Tokens: 700},
+			order:  "a*,c,b",
+			reason: routing.ReasonLocal,
+			affine: "c",
+		},
+		{
+			name:   "local within the margin, the key's peer outside it: local",
+			cands:  []routing.Cand{localBusy(40 * ms), at("b", 1*ms), busy("c", 900*ms)},
 			req:    routing.Request{Key: keyC},
 			order:  "a*,b,c",
 			reason: routing.ReasonLocal,
@@ -560,8 +577,12 @@ func TestDecideAutoProperties(t *testing.T) {
 			if first != local || !within(local) {
 				fail("local reason")
 			}
+			if a := d.Affine; a >= 0 && within(a) && !(d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[a].Cached) {
+				fail("local first over an affine peer within the margin that holds more of the prompt")
+			}
 		case routing.ReasonAffinity:
-			if first != d.Affine || !within(first) || local >= 0 && within(local) {
+			if first != d.Affine || !within(first) ||
+				local >= 0 && within(local) && d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[first].Cached {
 				fail("affinity reason")
 			}
 		case routing.ReasonSpill, routing.ReasonLeastTTFT:

@@ -51,6 +51,22 @@ function capText(c) {
   return s;
 }
 
+// routeText is how a request's candidate was chosen: the reason, and the
+// chosen candidate's estimated time to first token and expected cached
+// prefix; title lists every candidate's estimate.
+function routeText(r) {
+  const d = r.route;
+  if (!d) return { text: "-", title: "one candidate: nothing to decide" };
+  const est = (c) => c.estimated ? `${c.estimate_ms.toFixed(0)} ms` : "not estimated";
+  const c = (d.candidates || []).find((x) => x.target === r.target);
+  let text = d.reason;
+  if (c && c.estimated) text += ` (${est(c)}${c.cached_tokens ? `, ${c.cached_tokens} cached` : ""})`;
+  if (d.queued_ms) text += `, queued ${d.queued_ms.toFixed(0)} ms`;
+  const title = `${d.policy}, key ${d.key}: ` + (d.candidates || []).map((x) =>
+    `${x.target} ${est(x)}${x.affine ? " (affine)" : ""}${x.full ? " (full)" : ""}`).join("; ");
+  return { text, title };
+}
+
 function clock(iso) {
   return new Date(iso).toLocaleTimeString();
 }
@@ -152,6 +168,7 @@ function render(st) {
     el("td", {}, r.role),
     el("td", {}, r.source),
     el("td", {}, r.target || "none"),
+    (() => { const rt = routeText(r); return el("td", { class: "route", title: rt.title }, rt.text); })(),
     el("td", { class: "num" }, r.status + (r.aborted ? " (cut)" : "")),
     el("td", { class: "num" }, r.duration_ms.toFixed(1) + " ms"),
     el("td", { class: "num" }, r.ttft_ms ? r.ttft_ms.toFixed(1) + " ms" : "-"),
