@@ -107,6 +107,7 @@ func newRouter() *router {
 
 type routeScratch struct {
 	cands  []routing.Cand
+	keys   []string // each candidate's targetKey
 	order  []int
 	ests   []routing.Estimate
 	blocks []uint64
@@ -256,7 +257,7 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 // decide gathers what is known of cands and asks routing.Decide.
 func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate, req routing.Request, rr *routeReq) routing.Decision {
 	rt, s := p.router, rr.s
-	s.cands = s.cands[:0]
+	s.cands, s.keys = s.cands[:0], s.keys[:0]
 	for _, c := range cands {
 		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node,
 			Slots: c.Capacity.Slots, Running: c.Capacity.Running, Waiting: c.Capacity.Waiting}
@@ -287,11 +288,13 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 				rc.Refused, rc.Cooled, rc.Fails = st.Refused, st.Cooled, st.Fails
 			}
 		}
-		rc.Service, rc.PrefillPerToken = rt.stats.Of(k)
-		if len(rr.blocks) > 0 {
-			rc.CachedTokens = rt.index.Cached(k, rr.blocks) * blockTokens
-		}
 		s.cands = append(s.cands, rc)
+		s.keys = append(s.keys, k)
+	}
+	// One lock each for every candidate's recent times and cached prefix.
+	rt.stats.Fill(s.keys, s.cands)
+	if len(rr.blocks) > 0 {
+		rt.index.FillCached(s.keys, rr.blocks, blockTokens, s.cands)
 	}
 	d := routing.Decide(cfg.Policy, s.cands, req, cfg.Params, s.order, s.ests)
 	s.order, s.ests = d.Order, d.Estimates
@@ -338,7 +341,7 @@ func (rr *routeReq) finish(rt *router, role string, c placement.Candidate, pos i
 
 func (rr *routeReq) release(rt *router) {
 	if rr.s != nil {
-		rr.s.cands = rr.s.cands[:0]
+		rr.s.cands, rr.s.keys = rr.s.cands[:0], rr.s.keys[:0]
 		rt.pool.Put(rr.s)
 		rr.s = nil
 	}

@@ -64,6 +64,21 @@ func (s *Stats) get(target string) *targetStats {
 	return t
 }
 
+// Fill sets each candidate's Service and PrefillPerToken from the stats of
+// the target at the same index of targets (zero when not yet observed),
+// under one lock.
+func (s *Stats) Fill(targets []string, cands []Cand) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, t := range targets[:min(len(targets), len(cands))] {
+		if ts := s.m[t]; ts != nil {
+			cands[i].Service, cands[i].PrefillPerToken = time.Duration(ts.service), time.Duration(ts.perToken)
+		} else {
+			cands[i].Service, cands[i].PrefillPerToken = 0, 0
+		}
+	}
+}
+
 // Of returns target's service time and prefill cost per token; zero when
 // not yet observed.
 func (s *Stats) Of(target string) (service, perToken time.Duration) {

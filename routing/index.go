@@ -35,11 +35,15 @@ func NewIndex(blocks int) *Index {
 // Cached is how many of blocks, from the first, target probably holds:
 // the longest run of leading blocks the index has for it.
 func (x *Index) Cached(target string, blocks []uint64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.cachedLocked(target, blocks)
+}
+
+func (x *Index) cachedLocked(target string, blocks []uint64) int {
 	if len(blocks) == 0 {
 		return 0
 	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	l := x.targets[target]
 	if l == nil {
 		return 0
@@ -56,6 +60,16 @@ func (x *Index) Cached(target string, blocks []uint64) int {
 		n++
 	}
 	return n
+}
+
+// FillCached sets each candidate's CachedTokens to Cached of the target at
+// the same index of targets, times blockTokens, under one lock.
+func (x *Index) FillCached(targets []string, blocks []uint64, blockTokens int, cands []Cand) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i, t := range targets[:min(len(targets), len(cands))] {
+		cands[i].CachedTokens = x.cachedLocked(t, blocks) * blockTokens
+	}
 }
 
 // Record notes that blocks were sent to target (the instance will cache

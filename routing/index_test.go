@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/infermesh/infermesh/routing"
 )
@@ -191,5 +192,29 @@ func TestIndexHeldToTheTargetsCache(t *testing.T) {
 	x.Record("small", []uint64{5}, 3)
 	if got := x.Cached("small", []uint64{1, 2, 3}); got != 2 {
 		t.Errorf("after one more block: cached %d of the first prefix, want 2", got)
+	}
+}
+
+// FillCached and Stats.Fill give each candidate what Cached and Of give
+// its target, under one lock.
+func TestFillMatchesOneByOne(t *testing.T) {
+	x := routing.NewIndex(100)
+	x.Record("b", []uint64{1, 2, 3}, 0)
+	x.Record("c", []uint64{1}, 0)
+	st := routing.NewStats()
+	st.ObserveService("c", 300*time.Millisecond)
+	st.ObserveFirstToken("c", 20*time.Millisecond, 200)
+	targets := []string{"a", "b", "c"}
+	cands := []routing.Cand{{Service: time.Hour}, {}, {}}
+	x.FillCached(targets, []uint64{1, 2, 3, 4}, 64, cands)
+	st.Fill(targets, cands)
+	for i, target := range targets {
+		svc, per := st.Of(target)
+		if want := x.Cached(target, []uint64{1, 2, 3, 4}) * 64; cands[i].CachedTokens != want || cands[i].Service != svc || cands[i].PrefillPerToken != per {
+			t.Errorf("%s: %+v, want %d cached, service %v, %v a token", target, cands[i], want, svc, per)
+		}
+	}
+	if cands[2].CachedTokens != 64 || cands[2].Service != 300*time.Millisecond {
+		t.Errorf("c: %+v", cands[2])
 	}
 }
