@@ -292,6 +292,19 @@ func (t *Table) reasons(r remoteView) []Reason {
 // entry is removed) — least Load first, ties by node id. Nil when nothing
 // serves role.
 func (t *Table) Resolve(role string) []Candidate {
+	out := t.Candidates(role)
+	if len(out) > 0 && out[0].Kind == KindLocal {
+		sortRemotes(out[1:])
+	} else {
+		sortRemotes(out)
+	}
+	return out
+}
+
+// Candidates is Resolve's candidates, the local instance first, the
+// remote ones in no particular order: for a caller that orders them by
+// its own rule (the proxy's routing policy auto), which saves the sort.
+func (t *Table) Candidates(role string) []Candidate {
 	if ValidateRole(role) != nil {
 		return nil
 	}
@@ -322,7 +335,6 @@ func (t *Table) Resolve(role string) []Candidate {
 			return c.Kind == KindRemote && !(t.admission.IsAdmitted(c.Node) && t.admission.MayServe(c.Node))
 		})
 	}
-	sortRemotes(out[start:])
 	if len(out) == 0 {
 		return nil
 	}

@@ -104,7 +104,7 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 			return
 		}
 		noteRequest(w, role, asked)
-		cands := p.cfg.Resolver.Resolve(role)
+		cands := p.resolveForApp(role)
 		if len(cands) == 0 && p.pinned(role, asked) {
 			buf.release()
 			fail(w, r, errNoInstance(role))

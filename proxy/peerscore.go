@@ -166,6 +166,17 @@ func NewPeerScorer(inner Resolver, cfg PeerScoreConfig) (*PeerScorer, error) {
 	return &PeerScorer{inner: inner, cfg: cfg, peers: map[string]*peerStat{}}, nil
 }
 
+// Candidates is inner's candidates unordered, when inner can give them so
+// (an UnorderedResolver), else its Resolve: for the routing policy auto,
+// which orders them itself and reads each peer's state (State) as it
+// does.
+func (s *PeerScorer) Candidates(role string) []placement.Candidate {
+	if u, ok := s.inner.(UnorderedResolver); ok {
+		return u.Candidates(role)
+	}
+	return s.inner.Resolve(role)
+}
+
 // Resolve returns inner's candidates with the remote ones reordered.
 func (s *PeerScorer) Resolve(role string) []placement.Candidate {
 	cands := s.inner.Resolve(role)

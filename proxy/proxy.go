@@ -28,9 +28,20 @@ type PeerResolver interface {
 	LocalForPeer(role, peer string) (placement.Local, bool)
 }
 
+// UnorderedResolver is a Resolver that also yields the candidates
+// unordered (the local instance first): the proxy asks for them so when
+// it orders them itself (routing policy auto). placement.Table satisfies
+// it.
+type UnorderedResolver interface {
+	Resolver
+	Candidates(role string) []placement.Candidate
+}
+
 var (
-	_ Resolver     = (*placement.Table)(nil)
-	_ PeerResolver = (*placement.Table)(nil)
+	_ UnorderedResolver = (*placement.Table)(nil)
+	_ UnorderedResolver = (*PeerScorer)(nil)
+	_ Resolver          = (*placement.Table)(nil)
+	_ PeerResolver      = (*placement.Table)(nil)
 )
 
 // Observer is told about every forwarded request, for metrics. Methods are

@@ -72,19 +72,45 @@ type RouteCandidate struct {
 
 // router is the proxy's routing state.
 type router struct {
-	index *routing.Index
-	stats *routing.Stats
-	// mine counts this node's requests in flight per role and peer;
-	// atReport is mine when the peer's load as held now (its LoadSeq: an
-	// advert or a load report) was taken, which counted them: the peer's
-	// load now is what is held less those, plus mine.
-	mine     busyCounts
-	atReport sync.Map // role\x00node -> *baseline
-	qmu      sync.Mutex
-	queues   map[string]*routeQueue
-	pool     sync.Pool // *routeScratch
-	keys     sync.Map  // [2]string{role, target} -> targetKey (key)
-	nkeys    atomic.Int64
+	index   *routing.Index
+	stats   *routing.Stats
+	targets sync.Map // [2]string{role, target} -> *target
+	ntarget atomic.Int64
+	qmu     sync.Mutex
+	queues  map[string]*routeQueue
+	pool    sync.Pool // *routeScratch
+}
+
+// target is what the router keeps of one role's target (a peer, or
+// "local") beyond the index and the stats.
+type target struct {
+	key string // targetKey, for the index and the stats
+	// mine counts this node's requests in flight to the peer; base is
+	// mine when the peer's load as held now (its LoadSeq: an advert or a
+	// load report) was taken, which counted them: the peer's load now is
+	// what is held less those, plus mine.
+	mine atomic.Int64
+	mu   sync.Mutex
+	seq  uint64
+	base int64
+}
+
+// maxTargets bounds the targets kept (role × peer): past it, peers that
+// came and went under new names are forgotten, all at once (requests in
+// flight then count as ended).
+const maxTargets = 1 << 14
+
+func (rt *router) target(role, name string) *target {
+	rk := [2]string{role, name}
+	if v, ok := rt.targets.Load(rk); ok {
+		return v.(*target)
+	}
+	if rt.ntarget.Add(1) > maxTargets {
+		rt.targets.Clear()
+		rt.ntarget.Store(1)
+	}
+	v, _ := rt.targets.LoadOrStore(rk, &target{key: targetKey(role, name)})
+	return v.(*target)
 }
 
 // indexBlocks bounds the prefix index per target: 4096 blocks of 64
@@ -115,27 +141,6 @@ type routeScratch struct {
 
 func targetKey(role, target string) string { return role + "\x00" + target }
 
-// key is targetKey, interned: a routed request asks for one per
-// candidate, and allocating each would cost more than the lookup.
-func (rt *router) key(role, target string) string {
-	rk := [2]string{role, target}
-	if v, ok := rt.keys.Load(rk); ok {
-		return v.(string)
-	}
-	k := targetKey(role, target)
-	if rt.nkeys.Add(1) > maxKeys {
-		// Peers come and go under new names: start again rather than
-		// grow without bound.
-		rt.keys.Clear()
-		rt.nkeys.Store(1)
-	}
-	rt.keys.Store(rk, k)
-	return k
-}
-
-// maxKeys bounds the interned keys (role × target).
-const maxKeys = 1 << 14
-
 func targetOf(c placement.Candidate) string {
 	if c.Kind == placement.KindLocal {
 		return "local"
@@ -143,43 +148,25 @@ func targetOf(c placement.Candidate) string {
 	return c.Node
 }
 
-// baseline is this node's count in flight to a peer when the peer's load
-// held under seq was taken.
-type baseline struct {
-	mu   sync.Mutex
-	seq  uint64
-	mine int64
-}
-
-func (rt *router) baselineOf(k string) *baseline {
-	v, ok := rt.atReport.Load(k)
-	if !ok {
-		v, _ = rt.atReport.LoadOrStore(k, new(baseline))
-	}
-	return v.(*baseline)
-}
-
 // takeReport notes that node's load report for role was taken now, held
 // under seq.
 func (rt *router) takeReport(role, node string, seq uint64) {
-	k := targetKey(role, node)
-	b := rt.baselineOf(k)
-	b.mu.Lock()
-	b.seq, b.mine = seq, rt.mine.get(k)
-	b.mu.Unlock()
+	t := rt.target(role, node)
+	t.mu.Lock()
+	t.seq, t.base = seq, t.mine.Load()
+	t.mu.Unlock()
 }
 
-// reported is this node's count in flight to k when the load held under
+// reported is this node's count in flight to t when the load held under
 // seq was taken: as noted, or, for a seq not seen before (an advert that
 // arrived since), mine now.
-func (rt *router) reported(k string, seq uint64, mine int64) int64 {
-	b := rt.baselineOf(k)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.seq != seq {
-		b.seq, b.mine = seq, mine
+func (t *target) reported(seq uint64, mine int64) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.seq != seq {
+		t.seq, t.base = seq, mine
 	}
-	return b.mine
+	return t.base
 }
 
 // routeReq is one request's routing: its prompt, its decision, and what
@@ -192,6 +179,16 @@ type routeReq struct {
 	queued bool
 	q      *routeQueue
 	s      *routeScratch
+}
+
+// resolveForApp is role's candidates for an app's request: unordered when
+// the routing policy orders them itself (auto) and the resolver can say
+// so, in the resolver's order otherwise.
+func (p *Proxy) resolveForApp(role string) []placement.Candidate {
+	if u, ok := p.cfg.Resolver.(UnorderedResolver); ok && (p.cfg.Routing == nil || p.cfg.Routing(role).Policy == routing.PolicyAuto) {
+		return u.Candidates(role)
+	}
+	return p.cfg.Resolver.Resolve(role)
 }
 
 // route orders cands for an app's request (policy, estimate, affinity)
@@ -261,8 +258,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 	for _, c := range cands {
 		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node,
 			Slots: c.Capacity.Slots, Running: c.Capacity.Running, Waiting: c.Capacity.Waiting}
-		target := targetOf(c)
-		k := rt.key(role, target)
+		tg := rt.target(role, targetOf(c))
 		if rc.Local {
 			// This proxy's count is exact and current, the engine's
 			// up to a scrape old: what the engine counted beyond this
@@ -276,9 +272,9 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 			// The peer's load as held (its agent's count or its
 			// engine's, the larger) counted what this node had in
 			// flight to it then; what this node has now replaces that.
-			mine := rt.mine.get(k)
+			mine := tg.mine.Load()
 			held := max(int64(c.Load), int64(c.Capacity.Running)+int64(c.Capacity.Waiting))
-			rc.InFlight = clampU32(max(held-rt.reported(k, c.LoadSeq, mine), 0) + mine)
+			rc.InFlight = clampU32(max(held-tg.reported(c.LoadSeq, mine), 0) + mine)
 			rc.Running, rc.Waiting = 0, 0
 			if p.cfg.RTT != nil {
 				rc.RTT = p.cfg.RTT(c.Node).Truncate(rttStep)
@@ -289,7 +285,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 			}
 		}
 		s.cands = append(s.cands, rc)
-		s.keys = append(s.keys, k)
+		s.keys = append(s.keys, tg.key)
 	}
 	// One lock each for every candidate's recent times and cached prefix.
 	rt.stats.Fill(s.keys, s.cands)
@@ -309,7 +305,9 @@ func clampU32(n int64) uint32 { return uint32(min(max(n, 0), 1<<32-1)) }
 func (p *Proxy) dispatched(role string, c placement.Candidate) (done func()) {
 	done = func() {}
 	if c.Kind == placement.KindRemote {
-		done = p.router.mine.add(targetKey(role, c.Node))
+		t := p.router.target(role, c.Node)
+		t.mine.Add(1)
+		done = func() { t.mine.Add(-1) }
 	}
 	return done
 }

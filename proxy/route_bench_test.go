@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +20,9 @@ func (admitAll) MayServe(string) bool   { return true }
 func (admitAll) Trusted(string) bool    { return true }
 
 // BenchmarkResolveAndDecide is a routed request's decision as the proxy
-// makes it: the placement table's Resolve of the role (a local instance
+// makes it: the candidates for the role through the peer scorer over the
+// placement table (Candidates, which policy auto asks for: Resolve
+// without its sorts) (a local instance
 // and n-1 peers' adverts, with capacity), the gathering of what is known
 // of each (load as held, this node's own in flight, the prefix index) and
 // routing.Decide under policy auto. The prompt is parsed once outside the
@@ -44,7 +47,20 @@ func BenchmarkResolveAndDecide(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			p := &Proxy{router: newRouter()}
+			// As the agent composes it: the peer scorer over the table
+			// (each peer's state read per candidate), a round trip per
+			// peer read under a lock.
+			scorer, err := NewPeerScorer(tbl, PeerScoreConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var rttMu sync.Mutex
+			rtts := map[string]time.Duration{}
+			for i := 1; i < n; i++ {
+				rtts[fmt.Sprintf("node-%02d", i)] = time.Duration(i%7) * time.Millisecond
+			}
+			p := &Proxy{router: newRouter(), cfg: Config{Resolver: scorer, PeerState: scorer.State,
+				RTT: func(node string) time.Duration { rttMu.Lock(); defer rttMu.Unlock(); return rtts[node] }}}
 			body := []byte(`{"model":"chat","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 300) + `"},{"role":"user","content":"hello"}]}`)
 			in := prompt.Parse(body, true, blockTokens, nil)
 			for i := 1; i < n; i += 4 {
@@ -58,7 +74,7 @@ func BenchmarkResolveAndDecide(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				cands := tbl.Resolve("chat")
+				cands := p.resolveForApp("chat")
 				d := p.decide("chat", cfg, cands, req, rr)
 				if len(d.Order) != n {
 					b.Fatal("short order")

@@ -328,16 +328,17 @@ func TestRoutePeerLoadCountsMineOnce(t *testing.T) {
 		p.decide("chat", RouteConfig{}, cs, routing.Request{}, rr)
 		return rr.s.cands[0].InFlight
 	}
-	k := targetKey("chat", "b")
+	tb := p.router.target("chat", "b")
+	add := func() func() { tb.mine.Add(1); return func() { tb.mine.Add(-1) } }
 	// Two of this node's requests run at b; b's answer to the second
 	// reported 3 running (one from another consumer).
-	done1 := p.router.mine.add(k)
-	done2 := p.router.mine.add(k)
+	done1 := add()
+	done2 := add()
 	p.router.takeReport("chat", "b", 7)
 	if got := inFlight(cand(3, 3, 7)); got != 3 {
 		t.Errorf("at the report: %d in flight, want 3", got)
 	}
-	done3 := p.router.mine.add(k)
+	done3 := add()
 	if got := inFlight(cand(3, 3, 7)); got != 4 {
 		t.Errorf("one sent since: %d, want 4", got)
 	}
@@ -351,7 +352,7 @@ func TestRoutePeerLoadCountsMineOnce(t *testing.T) {
 	if got := inFlight(cand(2, 2, 8)); got != 2 {
 		t.Errorf("after a new advert: %d, want 2", got)
 	}
-	done4 := p.router.mine.add(k)
+	done4 := add()
 	defer done4()
 	if got := inFlight(cand(2, 2, 8)); got != 3 {
 		t.Errorf("one sent after the advert: %d, want 3", got)
