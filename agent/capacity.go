@@ -119,9 +119,6 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 	external := int64(0)
 	if mode != enginestat.None && (rc.failed.IsZero() || now.Sub(rc.failed) >= capacityRetry) {
 		st, err := a.scrapeMetrics(ctx, client, role, rc.base, mode)
-		// What the engine counts beyond this agent's own (the larger of
-		// its count before and after the scrape: never load made up).
-		external = max(int64(st.Running+st.Waiting)-max(inFlight, a.proxy.LocalInFlight(role)), 0)
 		switch {
 		case err != nil:
 			if rc.failed.IsZero() {
@@ -130,6 +127,10 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			rc.failed = now
 		default:
 			rc.failed, scraped = time.Time{}, true
+			// What the engine counts beyond this agent's own (the larger
+			// of its count before and after the scrape: never load made
+			// up).
+			external = max(int64(st.Running+st.Waiting)-max(inFlight, a.proxy.LocalInFlight(role)), 0)
 			c.Running, c.Waiting = uint32(st.Running), uint32(st.Waiting)
 			if st.HasKV {
 				c.KVUsage = float32(st.KVUsage)

@@ -15,12 +15,19 @@ import (
 )
 
 // startEngine serves the demo model's engine mode (parallel slots, its
-// metrics in format) and returns it as a test upstream.
+// metrics in format; answers of 400 tokens at 25 ms) and returns it as a
+// test upstream.
 func startEngine(t *testing.T, model, format string, parallel int) *testUpstream {
+	t.Helper()
+	return startEngineTokens(t, model, format, parallel, 400)
+}
+
+// startEngineTokens is startEngine whose answers run tokens tokens.
+func startEngineTokens(t *testing.T, model, format string, parallel, tokens int) *testUpstream {
 	t.Helper()
 	cfg := demomodel.DefaultConfig()
 	cfg.Model, cfg.Parallel, cfg.Metrics, cfg.CacheTokens, cfg.CacheBlock = model, parallel, format, 4096, 4
-	cfg.DecodePerToken, cfg.TokenDelay, cfg.Tokens = 25*time.Millisecond, 25*time.Millisecond, 400
+	cfg.DecodePerToken, cfg.TokenDelay, cfg.Tokens = 25*time.Millisecond, 25*time.Millisecond, tokens
 	m, err := demomodel.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/proxy"
@@ -23,21 +21,7 @@ const routeAuto = "routing: {policy: auto}"
 // (50 s): a held stream keeps its slot for the whole test.
 func startLongEngine(t *testing.T, model, format string, parallel int) *testUpstream {
 	t.Helper()
-	cfg := demomodel.DefaultConfig()
-	cfg.Model, cfg.Parallel, cfg.Metrics, cfg.CacheTokens, cfg.CacheBlock = model, parallel, format, 4096, 4
-	cfg.DecodePerToken, cfg.TokenDelay, cfg.Tokens = 25*time.Millisecond, 25*time.Millisecond, 2000
-	m, err := demomodel.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: m, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	t.Cleanup(func() { _ = hs.Close() })
-	return &testUpstream{base: "http://" + ln.Addr().String()}
+	return startEngineTokens(t, model, format, parallel, 2000)
 }
 
 // chatResult is one request's answer through an agent.

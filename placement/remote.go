@@ -219,7 +219,6 @@ type remoteView struct {
 	node        string
 	hasAdvert   bool
 	ad          Advert
-	loadSeq     uint64
 	age         time.Duration
 	fresh       bool
 	allowlisted bool
@@ -247,7 +246,6 @@ func (t *Table) view(role string) roleView {
 			node:        node,
 			hasAdvert:   true,
 			ad:          e.ad,
-			loadSeq:     e.loadSeq,
 			age:         now.Sub(e.received),
 			fresh:       t.fresh(e.received, now),
 			allowlisted: has(t.allow, role, node),
@@ -341,45 +339,16 @@ func (t *Table) Candidates(role string) []Candidate {
 	return out
 }
 
-// sortRemotes orders remote candidates least Load first, ties by node id.
-// Node ids are unique, so the order is total. Up to sortByIndexMin
-// candidates are sorted in place; more by small keys, then moved once
-// (a Candidate is large: swapping it costs more than comparing it).
+// sortRemotes orders remote candidates least Load first, ties by node id
+// (unique: the order is total, no stable sort needed).
 func sortRemotes(c []Candidate) {
-	less := func(a, b *Candidate) int {
+	slices.SortFunc(c, func(a, b Candidate) int {
 		if d := cmp.Compare(a.Load, b.Load); d != 0 {
 			return d
 		}
 		return cmp.Compare(a.Node, b.Node)
-	}
-	if len(c) < sortByIndexMin {
-		slices.SortFunc(c, func(a, b Candidate) int { return less(&a, &b) })
-		return
-	}
-	type key struct {
-		load uint32
-		i    int32
-		node string
-	}
-	keys := make([]key, len(c))
-	for i := range c {
-		keys[i] = key{c[i].Load, int32(i), c[i].Node}
-	}
-	slices.SortFunc(keys, func(a, b key) int {
-		if d := cmp.Compare(a.load, b.load); d != 0 {
-			return d
-		}
-		return cmp.Compare(a.node, b.node)
 	})
-	sorted := make([]Candidate, len(c))
-	for i, k := range keys {
-		sorted[i] = c[k.i]
-	}
-	copy(c, sorted)
 }
-
-// sortByIndexMin is where sortRemotes starts sorting by index.
-const sortByIndexMin = 16
 
 // Explain returns a decision for every node known for role: the local
 // instance, every received advertisement, and every allowlisted node that

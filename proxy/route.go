@@ -256,8 +256,10 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 	rt, s := p.router, rr.s
 	s.cands, s.keys = s.cands[:0], s.keys[:0]
 	for _, c := range cands {
-		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node,
-			Slots: c.Capacity.Slots, Running: c.Capacity.Running, Waiting: c.Capacity.Waiting}
+		// Running and Waiting stay 0: the counts below are brought up
+		// to now, which the instance's own (a scrape or a report old)
+		// are not.
+		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node, Slots: c.Capacity.Slots}
 		tg := rt.target(role, targetOf(c))
 		if rc.Local {
 			// This proxy's count is exact and current, the engine's
@@ -267,7 +269,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 			if p.cfg.ExternalLoad != nil {
 				n += p.cfg.ExternalLoad(role)
 			}
-			rc.InFlight, rc.Running, rc.Waiting = clampU32(n), 0, 0
+			rc.InFlight = clampU32(n)
 		} else {
 			// The peer's load as held (its agent's count or its
 			// engine's, the larger) counted what this node had in
@@ -275,7 +277,6 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 			mine := tg.mine.Load()
 			held := max(int64(c.Load), int64(c.Capacity.Running)+int64(c.Capacity.Waiting))
 			rc.InFlight = clampU32(max(held-tg.reported(c.LoadSeq, mine), 0) + mine)
-			rc.Running, rc.Waiting = 0, 0
 			if p.cfg.RTT != nil {
 				rc.RTT = p.cfg.RTT(c.Node).Truncate(rttStep)
 			}
@@ -319,7 +320,7 @@ func (rr *routeReq) learn(rt *router, role string, c placement.Candidate, pos in
 	if status != http.StatusOK {
 		return
 	}
-	k := targetKey(role, targetOf(c))
+	k := rt.target(role, targetOf(c)).key
 	if len(rr.blocks) > 0 {
 		rt.index.Record(k, rr.blocks, int(c.Capacity.CacheTokens/blockTokens))
 	}
@@ -333,7 +334,7 @@ func (rr *routeReq) learn(rt *router, role string, c placement.Candidate, pos in
 // finish records the service time of a request that found a free slot.
 func (rr *routeReq) finish(rt *router, role string, c placement.Candidate, pos int, d time.Duration) {
 	if pos < len(rr.ests) && !rr.queued && rr.ests[pos].Queue == 0 {
-		rt.stats.ObserveService(targetKey(role, targetOf(c)), d)
+		rt.stats.ObserveService(rt.target(role, targetOf(c)).key, d)
 	}
 }
 
