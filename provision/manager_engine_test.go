@@ -734,8 +734,15 @@ func TestManagerReportsOOMKills(t *testing.T) {
 	if !e.hasEvent(EventInstanceStopped, "out of memory") {
 		t.Errorf("no instance_stopped event saying out of memory")
 	}
-	if logs := logsText(e.m.Logs(role, 0)); !strings.Contains(logs, "failed: out of memory") {
-		t.Errorf("Logs(%s) = %q, want the failed line", role, logs)
+	// The run's end reaches the log from the container's watch, which may
+	// come after the state its inspect gave: wait for the line.
+	deadline := time.Now().Add(10 * time.Second)
+	for logs := logsText(e.m.Logs(role, 0)); !strings.Contains(logs, "failed: out of memory"); logs = logsText(e.m.Logs(role, 0)) {
+		if time.Now().After(deadline) {
+			t.Errorf("Logs(%s) = %q, want the failed line", role, logs)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if _, ok := e.table.LocalBaseForRole(role); ok {
 		t.Errorf("an instance that never answered is registered in placement")
