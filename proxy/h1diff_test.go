@@ -154,7 +154,17 @@ func FuzzH1RequestVsNetHTTP(f *testing.F) {
 func diffRequest(t *testing.T, data []byte, size int) {
 	c := newFuzzConn(data, size)
 	r, herr := c.readRequest()
-	refBR := bufio.NewReader(bytes.NewReader(data)) // the oracle, at its usual size
+	// Empty lines before a request are ignored on purpose (RFC 9112 2.2);
+	// http.ReadRequest reads from the request line on.
+	lead := data
+	for len(lead) > 0 && (lead[0] == '\n' || bytes.HasPrefix(lead, []byte("\r\n"))) {
+		if lead[0] == '\n' {
+			lead = lead[1:]
+		} else {
+			lead = lead[2:]
+		}
+	}
+	refBR := bufio.NewReader(bytes.NewReader(lead)) // the oracle, at its usual size
 	ref, refErr := http.ReadRequest(refBR)
 	if herr != nil {
 		if herr.status != 0 && (herr.status < 400 || herr.status > 599) {
@@ -228,7 +238,17 @@ func FuzzResponseVsNetHTTP(f *testing.F) {
 func diffResponse(t *testing.T, data []byte, size int) {
 	br := bufio.NewReaderSize(bytes.NewReader(data), size)
 	resp, err := readResponseHead(br)
-	refBR := bufio.NewReader(bytes.NewReader(data)) // the oracle, at its usual size
+	// Empty lines before a request are ignored on purpose (RFC 9112 2.2);
+	// http.ReadRequest reads from the request line on.
+	lead := data
+	for len(lead) > 0 && (lead[0] == '\n' || bytes.HasPrefix(lead, []byte("\r\n"))) {
+		if lead[0] == '\n' {
+			lead = lead[1:]
+		} else {
+			lead = lead[2:]
+		}
+	}
+	refBR := bufio.NewReader(bytes.NewReader(lead)) // the oracle, at its usual size
 	ref, refErr := http.ReadResponse(refBR, &http.Request{Method: http.MethodPost})
 	if err == nil && (resp.StatusCode < 200 || resp.StatusCode > 999) {
 		// Informational answers are read again by the client; a status
