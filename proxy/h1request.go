@@ -350,9 +350,14 @@ func (c *h1Conn) parseTarget(r *http.Request, target string) error {
 		return nil
 	}
 	if r.Method == http.MethodConnect && target[0] != '/' {
-		// authority-form
-		c.url = url.URL{Host: target}
-		r.URL = &c.url
+		// authority-form, read as net/http reads it (a URL of scheme
+		// http, the scheme then dropped), so what it refuses is refused.
+		u, err := url.ParseRequestURI("http://" + target)
+		if err != nil {
+			return err
+		}
+		u.Scheme = ""
+		r.URL = u
 		return nil
 	}
 	u, err := url.ParseRequestURI(target)
