@@ -307,6 +307,11 @@ type RoutingConfig struct {
 	// locality and per-tenant affinity), local-first (the local instance,
 	// then peers by load: the seed's order) or least-loaded.
 	Policy string `yaml:"policy" reload:"live"`
+	// Affinity is how policy auto places a tenant's key: bounded (default:
+	// rendezvous order, bounded by each node's fair share of the recent
+	// requests, the local instance a node among them) or rendezvous (the
+	// plain rendezvous peer, the local instance kept for what it holds).
+	Affinity string `yaml:"affinity" reload:"live"`
 	// Margin is how much worse than the best a candidate's estimate may be
 	// and it is still kept for locality or affinity: Absolute or Relative
 	// times the best, whichever is more lenient. Defaults 50ms and 1.5.

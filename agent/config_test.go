@@ -146,6 +146,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative queue", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:8081', routing: {queue: {max: -1}}}\n", "roles.chat.routing.queue.max"},
 		{"queue timeout without max", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:8081', routing: {queue: {timeout: 5s}}}\n", "roles.chat.routing.queue.timeout"},
 		{"relative margin below 1", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:8081', routing: {margin: {relative: 0.5}}}\n", "roles.chat.routing.margin.relative"},
+		{"unknown affinity", "node: {name: a}\nroles:\n  chat: {port: 1, upstream: 'http://127.0.0.1:8081', routing: {affinity: sticky}}\n", "roles.chat.routing.affinity"},
 		{"console off loopback", "node: {name: a}\nadmin: {console: '0.0.0.0:8099'}\n", "admin.console"},
 		{"bad otlp endpoint", "node: {name: a}\ntelemetry: {otlp_endpoint: 'localhost:4318'}\n", "telemetry.otlp_endpoint"},
 		{"bad sample", "node: {name: a}\ntelemetry: {sample: 2}\n", "telemetry.sample"},

@@ -454,6 +454,9 @@ func (c RoutingConfig) validate(f string) error {
 			return fieldErr(f+".policy", "%q is none of auto, local-first, least-loaded", c.Policy)
 		}
 	}
+	if c.Affinity != "" && c.Affinity != "bounded" && c.Affinity != "rendezvous" {
+		return fieldErr(f+".affinity", "%q is neither bounded nor rendezvous", c.Affinity)
+	}
 	if c.Margin.Absolute < 0 {
 		return fieldErr(f+".margin.absolute", "%v is negative", c.Margin.Absolute)
 	}
@@ -485,5 +488,5 @@ func (c RoutingConfig) routeConfig() proxy.RouteConfig {
 	if c.Margin.Relative > 0 {
 		p.RelMargin = c.Margin.Relative
 	}
-	return proxy.RouteConfig{Policy: pol, Params: p, QueueMax: c.Queue.Max, QueueTimeout: c.Queue.Timeout}
+	return proxy.RouteConfig{Policy: pol, Params: p, QueueMax: c.Queue.Max, QueueTimeout: c.Queue.Timeout, PlainAffinity: c.Affinity == "rendezvous"}
 }

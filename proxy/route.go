@@ -28,6 +28,9 @@ type RouteConfig struct {
 	// to wait in its engine's queue). QueueTimeout bounds one's wait.
 	QueueMax     int
 	QueueTimeout time.Duration
+	// PlainAffinity: a key's node is its plain rendezvous peer, not its
+	// place in a routing.Placer's bounded placement.
+	PlainAffinity bool
 }
 
 // PeerState is what the consumer side remembers of a peer's recent
@@ -76,6 +79,7 @@ type router struct {
 	stats   *routing.Stats
 	targets sync.Map // [2]string{role, target} -> *target
 	ntarget atomic.Int64
+	placers sync.Map // role -> *routing.Placer
 	qmu     sync.Mutex
 	queues  map[string]*routeQueue
 	pool    sync.Pool // *routeScratch
@@ -137,6 +141,15 @@ type routeScratch struct {
 	order  []int
 	ests   []routing.Estimate
 	blocks []uint64
+}
+
+// placer is role's key placement.
+func (rt *router) placer(role string) *routing.Placer {
+	if v, ok := rt.placers.Load(role); ok {
+		return v.(*routing.Placer)
+	}
+	v, _ := rt.placers.LoadOrStore(role, routing.NewPlacer())
+	return v.(*routing.Placer)
 }
 
 func targetKey(role, target string) string { return role + "\x00" + target }
@@ -217,6 +230,9 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 			req = routing.Request{Tokens: in.Tokens.N, Key: in.Key}
 			rr.info.Key = in.KeySource.String()
 		}
+		if req.Key != 0 && !cfg.PlainAffinity {
+			rt.placer(role).Observe(req.Key, time.Now())
+		}
 	}
 	rr.info.Tokens = rr.tokens
 	dec := p.decide(role, cfg, cands, req, rr)
@@ -292,6 +308,9 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 	rt.stats.Fill(s.keys, s.cands)
 	if len(rr.blocks) > 0 {
 		rt.index.FillCached(s.keys, rr.blocks, blockTokens, s.cands)
+	}
+	if req.Key != 0 && cfg.Policy == routing.PolicyAuto && !cfg.PlainAffinity {
+		req.Place = rt.placer(role).Place(s.cands, req.Key, time.Now())
 	}
 	d := routing.Decide(cfg.Policy, s.cands, req, cfg.Params, s.order, s.ests)
 	s.order, s.ests = d.Order, d.Estimates

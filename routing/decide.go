@@ -184,6 +184,9 @@ func (p Params) Estimate(c Cand, tokens int) Estimate { return p.withDefaults().
 type Request struct {
 	Tokens int    // prompt tokens (estimated)
 	Key    uint64 // affinity key; 0: none
+	// Place is the node the key is placed on (Placer), the local
+	// instance's Node among them; "": plain rendezvous over the peers.
+	Place string
 }
 
 // Decision is Decide's answer.
@@ -277,16 +280,21 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 			break
 		}
 	}
+	placed := false
 	if req.Key != 0 {
-		d.Affine = affine(cands, req.Key)
+		d.Affine, placed = affine(cands, req)
 	}
 	// The local instance goes first within the margin when the key's
 	// peer has no claim over it: no key, or the local instance holds as
 	// much of the prompt as that peer does (some at least). Otherwise a
 	// tenant new to both would warm the local cache, and a busy local
 	// instance would end up holding every tenant and keeping none.
-	localFirst := local >= 0 && within(local) && (d.Affine < 0 ||
-		(d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))
+	//
+	// A placed key (Request.Place) goes to its node, the local instance
+	// or a peer, within the margin: the placement already gave the local
+	// instance its share of the keys.
+	localFirst := local >= 0 && within(local) && (d.Affine < 0 || d.Affine == local ||
+		(!placed && d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))
 	switch {
 	case localFirst:
 		d.Reason = ReasonLocal
@@ -318,9 +326,21 @@ func moveFirst(order []int, i int) {
 	order[0] = i
 }
 
-// affine is the index of key's rendezvous peer among the peers that did
-// not refuse the role and are not cooled down; -1: none.
-func affine(cands []Cand, key uint64) int {
+// affine is the index of req's placed candidate (placed true), or else of
+// its key's rendezvous peer among the peers that did not refuse the role
+// and are not cooled down; -1: none.
+func affine(cands []Cand, req Request) (int, bool) {
+	if req.Place != "" {
+		for i := range cands {
+			if c := &cands[i]; c.Node == req.Place && eligible(c) {
+				return i, true
+			}
+		}
+	}
+	return rendezvousPeer(cands, req.Key), false
+}
+
+func rendezvousPeer(cands []Cand, key uint64) int {
 	best, bestScore := -1, uint64(0)
 	for i := range cands {
 		c := &cands[i]

@@ -30,12 +30,18 @@
 // Then, in order:
 //
 //  1. the local instance, when it is within the margin (no hop, its cache
-//     warm): ReasonLocal;
-//  2. the affine peer, when the request has an affinity key and that peer
-//     is within the margin: ReasonAffinity. Peers are ranked for a key by
-//     rendezvous hashing (Rendezvous), so every consumer node picks the
-//     same peer for the same tenant without talking to the others, and a
-//     node that joins or leaves moves only its own share of the keys;
+//     warm) and the request's key has no claim elsewhere: ReasonLocal;
+//  2. the key's node, when the request has an affinity key and that node
+//     is within the margin: ReasonAffinity (ReasonLocal when it is the
+//     local instance). Nodes are ranked for a key by rendezvous hashing
+//     (Rendezvous), so every consumer node picks the same node for the
+//     same tenant without talking to the others, and a node that joins
+//     or leaves moves only its own share of the keys. A Placer bounds
+//     that by load: a key whose first node already has its fair share of
+//     the recent requests takes the next in its order (Request.Place).
+//     Without a placement, the key's peer is its plain rendezvous peer
+//     and the local instance keeps a key whose prompt it holds as much
+//     of as that peer does;
 //  3. the best: ReasonSpill when it leaves a local instance behind,
 //     ReasonLeastTTFT otherwise.
 //
