@@ -168,7 +168,7 @@ func keepsATenantOnItsPeer(t *testing.T, routing string, warm bool, between int)
 	a := tm.start("a", map[string]roleSpec{"chat": consumer}, false)
 	e := tm.start("e", map[string]roleSpec{"chat": consumer}, false)
 	for _, p := range []string{"b", "c"} {
-		tm.start(p, map[string]roleSpec{"chat": {upstream: startEngine(t, "model-"+p, demomodel.MetricsVLLM, 4), model: "model-"+p, expose: true, serveTo: []string{"a", "e"}}}, false)
+		tm.start(p, map[string]roleSpec{"chat": {upstream: startEngine(t, "model-"+p, demomodel.MetricsVLLM, 4), model: "model-" + p, expose: true, serveTo: []string{"a", "e"}}}, false)
 	}
 	waitFor(t, "a and e resolve chat to b and c", func() bool { return a.resolvesTo("chat", "b", "c") && e.resolvesTo("chat", "b", "c") })
 
