@@ -187,6 +187,7 @@ func (t *target) reported(seq uint64, mine int64) int64 {
 type routeReq struct {
 	info   RouteInfo
 	tokens int
+	keyed  bool // the request has an affinity key
 	blocks []uint64
 	ests   []routing.Estimate // by position in the ordered candidates
 	queued bool
@@ -229,6 +230,7 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 			rr.tokens, rr.blocks = in.Tokens.N, in.Tokens.Blocks
 			req = routing.Request{Tokens: in.Tokens.N, Key: in.Key}
 			rr.info.Key = in.KeySource.String()
+			rr.keyed = in.Key != 0
 		}
 		if req.Key != 0 && !cfg.PlainAffinity {
 			rt.placer(role).Observe(req.Key, time.Now())
@@ -340,7 +342,12 @@ func (rr *routeReq) learn(rt *router, role string, c placement.Candidate, pos in
 		return
 	}
 	k := rt.target(role, targetOf(c)).key
-	if len(rr.blocks) > 0 {
+	// A keyed request served off its key's node (a spill, a failover) is
+	// not recorded: that node caches the prompt too, but only until the
+	// tenants it is the node of (sent by every consumer, most unseen
+	// here) evict it, and an index that believed it would make the next
+	// spill look cheap and spread the tenant over every cache.
+	if len(rr.blocks) > 0 && (!rr.keyed || (pos < len(rr.info.Candidates) && rr.info.Candidates[pos].Affine)) {
 		rt.index.Record(k, rr.blocks, int(c.Capacity.CacheTokens/blockTokens))
 	}
 	if pos < len(rr.ests) && !rr.queued && rr.ests[pos].Queue == 0 && rr.ests[pos].Prefill > 0 {

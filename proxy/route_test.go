@@ -154,10 +154,13 @@ type answer struct {
 // send posts a chat request named name (its X-Request-Id) and
 // delivers its answer.
 func (e *routeEnv) send(ctx context.Context, name string) <-chan answer {
+	return e.sendBody(ctx, name, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+}
+
+func (e *routeEnv) sendBody(ctx context.Context, name, body string) <-chan answer {
 	out := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+pathChat,
-			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+pathChat, strings.NewReader(body))
 		req.Header.Set(RequestIDHeader, name)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -217,6 +220,66 @@ func TestRouteSpillsFromASaturatedLocalInstance(t *testing.T) {
 	wait(t, "third at the local instance", func() bool { return e.local.has("third") })
 	close(e.local.ch("third"))
 	<-third
+}
+
+// A keyed request is recorded in the prefix index at its key's node, not
+// where it spilled: the spill target caches it only until its own tenants
+// evict it.
+func TestRouteIndexesOnlyTheKeysNode(t *testing.T) {
+	e := newRouteEnv(t, RouteConfig{})
+	body := `{"model":"m","prompt_cache_key":"tenant-1","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 100) + `"},{"role":"user","content":"hi"}]}`
+	outcome := func(id string) Outcome {
+		t.Helper()
+		var o Outcome
+		wait(t, "the outcome of "+id, func() bool {
+			var ok bool
+			o, ok = e.obs.byID(id)
+			return ok
+		})
+		return o
+	}
+	blocks := func(target string) int { return e.p.router.index.Len(targetKey("chat", target)) }
+	released := map[chan struct{}]bool{}
+	release := func(id string) {
+		for _, g := range []*gate{e.local, e.peer} {
+			if c := g.ch(id); !released[c] {
+				released[c] = true
+				close(c)
+			}
+		}
+	}
+	t.Cleanup(func() { release("held"); release("spilled") })
+	// Idle: the request goes to its key's node, which is indexed.
+	first := e.sendBody(t.Context(), "first", body)
+	wait(t, "first arrived", func() bool { return e.local.has("first") || e.peer.has("first") })
+	release("first")
+	<-first
+	node := outcome("first").Target
+	other := map[string]string{"local": "b", "b": "local"}[node]
+	if blocks(node) == 0 || blocks(other) != 0 {
+		t.Fatalf("after first (at %s): %d blocks indexed at %s, %d at %s; want some at its node only", node, blocks(node), node, blocks(other), other)
+	}
+	gateOf := map[string]*gate{"local": e.local, "b": e.peer}
+	// Its node's one slot held, at a service time of seconds (as
+	// measured, not the test's few milliseconds): the next spills, and
+	// is not indexed.
+	for range 40 {
+		e.p.router.stats.ObserveService(targetKey("chat", node), 10*time.Second)
+	}
+	held := e.sendBody(t.Context(), "held", body)
+	wait(t, "held at "+node, func() bool { return gateOf[node].has("held") })
+	spilled := e.sendBody(t.Context(), "spilled", body)
+	wait(t, "spilled at "+other, func() bool { return gateOf[other].has("spilled") })
+	release("spilled")
+	<-spilled
+	if o := outcome("spilled"); o.Target != other || o.Route == nil || o.Route.Candidates[0].Affine {
+		t.Fatalf("spilled: %+v, want served by %s, not the affine one", o, other)
+	}
+	if n := blocks(other); n != 0 {
+		t.Errorf("%d blocks indexed at %s after a spill, want none", n, other)
+	}
+	release("held")
+	<-held
 }
 
 // Under local-first the seed's order holds however busy the local
