@@ -537,12 +537,12 @@ func (b *scoredBody) finish(ok bool) {
 // refusal of the role, a cool-down, recent consecutive failures. The
 // router makes the peer's estimate worse by them (routing.Cand).
 func (s *PeerScorer) State(node, role string) PeerState {
-	now := s.cfg.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.peers[node]
 	if p == nil {
-		return PeerState{}
+		return PeerState{} // most peers: nothing to remember, no clock read
 	}
+	now := s.cfg.Now()
 	return PeerState{Refused: p.refusedFor(role, now, s.cfg.RefusalMemory), Cooled: now.Before(p.coolUntil), Fails: p.recentFails(now, s.cfg.Cooldown)}
 }

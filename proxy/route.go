@@ -77,8 +77,7 @@ type RouteCandidate struct {
 type router struct {
 	index   *routing.Index
 	stats   *routing.Stats
-	targets sync.Map // [2]string{role, target} -> *target
-	ntarget atomic.Int64
+	targets sync.Map // role -> *roleTargets
 	placers sync.Map // role -> *routing.Placer
 	qmu     sync.Mutex
 	queues  map[string]*routeQueue
@@ -99,23 +98,53 @@ type target struct {
 	base int64
 }
 
-// maxTargets bounds the targets kept (role × peer): past it, peers that
-// came and went under new names are forgotten, all at once (requests in
-// flight then count as ended).
+// maxTargets bounds the targets kept per role: past it, peers that came
+// and went under new names are forgotten, all at once (requests in flight
+// then count as ended).
 const maxTargets = 1 << 14
 
-func (rt *router) target(role, name string) *target {
-	rk := [2]string{role, name}
-	if v, ok := rt.targets.Load(rk); ok {
-		return v.(*target)
-	}
-	if rt.ntarget.Add(1) > maxTargets {
-		rt.targets.Clear()
-		rt.ntarget.Store(1)
-	}
-	v, _ := rt.targets.LoadOrStore(rk, &target{key: targetKey(role, name)})
-	return v.(*target)
+// roleTargets is one role's targets, by name, in a map replaced whole when
+// a target is added (rare: a peer new to the role), so that the lookups
+// of every request, one per candidate, take no lock.
+type roleTargets struct {
+	role string
+	mu   sync.Mutex // serializes additions
+	m    atomic.Pointer[map[string]*target]
 }
+
+func (rt *router) roleTargets(role string) *roleTargets {
+	if v, ok := rt.targets.Load(role); ok {
+		return v.(*roleTargets)
+	}
+	r := &roleTargets{role: role}
+	r.m.Store(&map[string]*target{})
+	v, _ := rt.targets.LoadOrStore(role, r)
+	return v.(*roleTargets)
+}
+
+func (r *roleTargets) get(name string) *target {
+	if t := (*r.m.Load())[name]; t != nil {
+		return t
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := *r.m.Load()
+	if t := old[name]; t != nil {
+		return t
+	}
+	next := make(map[string]*target, len(old)+1)
+	if len(old) < maxTargets {
+		for k, v := range old {
+			next[k] = v
+		}
+	}
+	t := &target{key: targetKey(r.role, name)}
+	next[name] = t
+	r.m.Store(&next)
+	return t
+}
+
+func (rt *router) target(role, name string) *target { return rt.roleTargets(role).get(name) }
 
 // indexBlocks bounds the prefix index per target: 4096 blocks of 64
 // tokens, 256k tokens, about a large engine's prefix cache. A target that
@@ -273,12 +302,13 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate, req routing.Request, rr *routeReq) routing.Decision {
 	rt, s := p.router, rr.s
 	s.cands, s.keys = s.cands[:0], s.keys[:0]
+	targets := rt.roleTargets(role)
 	for _, c := range cands {
 		// Running and Waiting stay 0: the counts below are brought up
 		// to now, which the instance's own (a scrape or a report old)
 		// are not.
 		rc := routing.Cand{Local: c.Kind == placement.KindLocal, Node: c.Node, Slots: c.Capacity.Slots}
-		tg := rt.target(role, targetOf(c))
+		tg := targets.get(targetOf(c))
 		if rc.Local {
 			// This proxy's count is exact and current, the engine's
 			// up to a scrape old: what the engine counted beyond this

@@ -48,18 +48,22 @@ func (x *Index) cachedLocked(target string, blocks []uint64) int {
 	if l == nil {
 		return 0
 	}
-	// Chained hashes: block k present means its prefix was sent whole,
-	// so search for the last present block (present blocks form a
-	// prefix unless evicted, and an LRU evicts the oldest, so the first
-	// blocks of a hot prefix are the freshest).
-	n := 0
-	for n < len(blocks) {
-		if _, ok := l.at[blocks[n]]; !ok {
-			break
+	// Chained hashes: block k present means its prefix was sent whole.
+	// Presence is monotone along a prompt: Record touches a block's
+	// prefix with it, the earlier blocks last (the freshest), so the LRU
+	// evicts a prompt's later blocks before its earlier ones and block k
+	// is never held without block k-1. The longest leading run is then
+	// found by binary search: the first block not held.
+	lo, hi := 0, len(blocks) // blocks[:lo] held; blocks[hi:] not
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if _, ok := l.at[blocks[m]]; ok {
+			lo = m + 1
+		} else {
+			hi = m
 		}
-		n++
 	}
-	return n
+	return lo
 }
 
 // FillCached sets each candidate's CachedTokens to Cached of the target at

@@ -20,6 +20,31 @@ func chain(shared []uint64, prompt, n int) []uint64 {
 	return out
 }
 
+// Under eviction a prompt's held blocks stay a leading run (Record
+// touches the earlier blocks last), so Cached's binary search finds what a
+// scan from the first block finds: many prompts over shared prefixes of
+// several lengths, through an index far smaller than they are.
+func TestIndexCachedUnderEviction(t *testing.T) {
+	x := routing.NewIndex(64)
+	r := rand.New(rand.NewPCG(3, 4))
+	var sent [][]uint64
+	for p := range 2000 {
+		shared := chain(nil, 1_000_000+r.IntN(5), r.IntN(12))
+		blocks := chain(shared, p, len(shared)+1+r.IntN(30))
+		x.Record("b", blocks, 0)
+		sent = append(sent, blocks)
+		for _, q := range []int{p, r.IntN(p + 1), r.IntN(p + 1)} {
+			got, scan := x.Cached("b", sent[q]), 0
+			for scan < len(sent[q]) && x.Has("b", sent[q][scan]) {
+				scan++
+			}
+			if got != scan {
+				t.Fatalf("prompt %d after %d: Cached %d, a scan finds %d", q, p, got, scan)
+			}
+		}
+	}
+}
+
 func TestIndexCached(t *testing.T) {
 	x := routing.NewIndex(1024)
 	x.Record("b", []uint64{1, 2, 3, 4}, 0)
@@ -33,8 +58,8 @@ func TestIndexCached(t *testing.T) {
 		{"a longer prompt: the recorded prefix", "b", []uint64{1, 2, 3, 4, 5, 6}, 4},
 		{"a shorter prompt", "b", []uint64{1, 2}, 2},
 		{"a different suffix: the shared prefix", "b", []uint64{1, 2, 7, 8}, 2},
-		{"the leading run only, not later present blocks", "b", []uint64{1, 9, 3, 4}, 1},
-		{"first block absent", "b", []uint64{9, 2, 3, 4}, 0},
+		{"a different second block: the first only", "b", []uint64{1, 9, 10, 11}, 1},
+		{"first block absent", "b", []uint64{9, 10, 11, 12}, 0},
 		{"no blocks", "b", nil, 0},
 		{"another target", "c", []uint64{1, 2, 3, 4}, 0},
 	} {
