@@ -21,8 +21,8 @@ import (
 // cache (llama.cpp's and vLLM's metrics, read by package enginestat), or,
 // for an instance without metrics, the role's capacity (config) with the
 // agent's own in-flight count standing in for the rest. It is put in the
-// placement table (SetLocalCapacity), which the mesh advertises at most
-// once a second per change.
+// placement table (SetLocalCapacity), which the mesh advertises within its
+// load adverts' byte budget (mesh.Config.AdvertLoadBudget).
 //
 // An engine that reports no slot count (vLLM's metrics have none) has
 // them read off its numbers: when requests wait, the running ones fill

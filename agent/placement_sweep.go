@@ -7,7 +7,8 @@ import (
 )
 
 // upkeepInterval is how often the placement table is swept and the local
-// load refreshed. The mesh sends a load change at most once a second.
+// load refreshed. The mesh sends a load change within its load adverts'
+// byte budget (at most once a second).
 const upkeepInterval = 250 * time.Millisecond
 
 // upkeepPlacement keeps the placement table current while the agent runs:

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -426,7 +427,7 @@ func (m *Mesh) nextSeq() uint64 {
 }
 
 // publish signs, records and broadcasts one of our adverts.
-func (m *Mesh) publish(body advertBody) error {
+func (m *Mesh) publish(body advertBody) (int, error) {
 	body.Cluster, body.Origin, body.Seq = m.cfg.Cluster, m.name, m.nextSeq()
 	msg, err := encodeAdvert(body, m.priv)
 	if err != nil && body.Set != nil {
@@ -435,18 +436,36 @@ func (m *Mesh) publish(body advertBody) error {
 		msg, err = encodeAdvert(body, m.priv)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	m.advMu.Lock()
 	m.adverts[advertKey{m.name, body.Role}] = &advertRecord{seq: body.Seq, msg: msg, withdrawn: body.Withdrawn, received: time.Now()}
 	m.advMu.Unlock()
 	m.bcast.QueueBroadcast(&advertBroadcast{name: "advert/" + m.name + "/" + body.Role, msg: msg})
-	return nil
+	return len(msg), nil
+}
+
+// DefaultAdvertLoadBudget is Config.AdvertLoadBudget's default.
+const DefaultAdvertLoadBudget = 400
+
+// loadAdvertInterval is how often a change of load alone may be
+// advertised: an advert of size bytes costs each of members nodes about
+// mult x ceil(log10(members+1)) sends of it (memberlist's retransmit
+// limit), and that over budget bytes a second is the interval; at least a
+// second, at most refresh (when the advert is sent anyway).
+func loadAdvertInterval(size, members, mult, budget int, refresh time.Duration) time.Duration {
+	if budget <= 0 || size <= 0 {
+		return min(refresh, time.Second)
+	}
+	sends := float64(mult) * math.Ceil(math.Log10(float64(max(members, 1))+1))
+	d := time.Duration(float64(size) * sends / float64(budget) * float64(time.Second))
+	return min(max(d, time.Second), refresh)
 }
 
 type sentAdvert struct {
-	ad placement.Advert
-	at time.Time
+	ad   placement.Advert
+	at   time.Time
+	size int // the advert's bytes as sent
 	// withdrawn is when the role was withdrawn (zero while it is served).
 	// A withdrawal is a broadcast like any advert and can miss a node, so
 	// it is sent again every AdvertTTL/3 until a TTL has passed (by then
@@ -503,8 +522,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 	}
 	now := time.Now()
 	refresh := m.cfg.AdvertTTL / 3
-	// A load change alone is sent at most this often.
-	loadRefresh := min(refresh, time.Second)
+	members := int(m.members.Load())
 	ads := m.sink.Advertisements()
 	seen := map[string]bool{}
 	var set []string
@@ -524,16 +542,17 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		prev, ok := sent[role]
 		age := now.Sub(prev.at)
 		loadChanged := prev.ad.Load != ad.Load || prev.ad.Capacity != ad.Capacity
+		loadRefresh := loadAdvertInterval(prev.size, members, m.cfg.RetransmitMult, m.cfg.AdvertLoadBudget, refresh)
 		due := !ok || !prev.withdrawn.IsZero() || age >= refresh || !sameButLoad(prev.ad, ad) || (loadChanged && age >= loadRefresh)
 		if !due {
 			continue
 		}
-		err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods, Set: set, Cap: capOf(ad.Capacity)})
+		size, err := m.publish(advertBody{Role: role, API: ad.API, Runtime: ad.Runtime, Model: ad.Model, Load: ad.Load, Methods: ad.Methods, Set: set, Cap: capOf(ad.Capacity)})
 		if err != nil {
 			m.log.Warn("cannot advertise role", zap.String("role", role), zap.Error(err))
 			continue
 		}
-		sent[role] = sentAdvert{ad: ad, at: now}
+		sent[role] = sentAdvert{ad: ad, at: now, size: size}
 	}
 	for role, prev := range sent {
 		if seen[role] {
@@ -547,7 +566,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 		case !first && now.Sub(prev.at) < refresh:
 			continue
 		}
-		if err := m.publish(advertBody{Role: role, Withdrawn: true, Set: set}); err != nil {
+		if _, err := m.publish(advertBody{Role: role, Withdrawn: true, Set: set}); err != nil {
 			m.log.Warn("cannot withdraw role", zap.String("role", role), zap.Error(err))
 			continue
 		}
@@ -561,7 +580,7 @@ func (m *Mesh) advertiseOnce(sent map[string]sentAdvert) {
 }
 
 // sameButLoad: a and b differ at most in their load and capacity, which
-// are sent at most once a second.
+// are sent within the load adverts' budget (loadAdvertInterval).
 func sameButLoad(a, b placement.Advert) bool {
 	return a.Name == b.Name && a.Node == b.Node && a.API == b.API && a.Runtime == b.Runtime &&
 		a.Model == b.Model && slices.Equal(a.Methods, b.Methods)

@@ -20,7 +20,7 @@ func capOfRemote(n *testNode, role, node string) (placement.Capacity, bool) {
 
 // A serving node's capacity (its instance's slots, running, waiting and KV
 // cache use) travels in its signed advert; a change is sent within the
-// one-a-second bound of load changes.
+// load adverts' budget (about 3 s between two nodes: loadAdvertInterval).
 func TestCapacityTravelsInAdverts(t *testing.T) {
 	c := newTestCluster(t)
 	a, b := c.node("a"), c.node("b")
@@ -35,13 +35,36 @@ func TestCapacityTravelsInAdverts(t *testing.T) {
 	})
 	next := placement.Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9, CacheTokens: 16384}
 	b.tab.SetLocalCapacity("chat", next)
-	eventually(t, 3*time.Second, "a holds b's new capacity", func() bool {
+	eventually(t, 10*time.Second, "a holds b's new capacity", func() bool {
 		got, _ := capOfRemote(a, "chat", "b")
 		return got == next
 	})
 	for _, d := range a.tab.Explain("chat") {
 		if d.Node == "b" && d.Capacity != next {
 			t.Errorf("Explain shows b's capacity %+v, want %+v", d.Capacity, next)
+		}
+	}
+}
+
+// A change of load alone is advertised as often as the budget pays for:
+// each of N nodes sends an advert RetransmitMult x ceil(log10(N+1))
+// times; never more than once a second, never less than a refresh.
+func TestLoadAdvertInterval(t *testing.T) {
+	refresh := 20 * time.Second
+	for _, tt := range []struct {
+		size, members, budget int
+		want                  time.Duration
+	}{
+		{300, 2, 400, 3 * time.Second},     // 300 B x 4 x 1 / 400 B/s
+		{300, 10, 400, 6 * time.Second},    // x 4 x 2 (log10(11) rounds up to 2)
+		{300, 1000, 400, 12 * time.Second}, // x 4 x 4
+		{300, 100000, 100, refresh},        // past a refresh: the refresh
+		{50, 2, 4000, time.Second},         // under a second: a second
+		{300, 10, 0, time.Second},          // no budget: the old bound
+		{0, 10, 400, time.Second},          // nothing sent yet
+	} {
+		if got := loadAdvertInterval(tt.size, tt.members, 4, tt.budget, refresh); got != tt.want {
+			t.Errorf("loadAdvertInterval(%d B, %d members, budget %d) = %v, want %v", tt.size, tt.members, tt.budget, got, tt.want)
 		}
 	}
 }

@@ -116,6 +116,16 @@ type Config struct {
 	// uses 2; measured here, broadcasts then die out before reaching every
 	// node and convergence falls back to push/pull (tens of seconds).
 	RetransmitMult int
+	// AdvertLoadBudget bounds, in bytes per second, what this node's
+	// adverts of a change of load alone (capacity, running, waiting) may
+	// cost each node of the mesh: every node sends an advert about
+	// RetransmitMult x ceil(log10(N+1)) times, so a load change is
+	// advertised at most once per that many bytes over the budget (at
+	// least a second apart, at most AdvertTTL/3). A consumer that talks to
+	// a peer has fresher load from its answers' load reports; adverts are
+	// for the others. Default 400 (at N=1000, about one load advert every
+	// 12 s; at N=10, every 2.5 s).
+	AdvertLoadBudget int
 	// TCPTimeout bounds push/pull and join connections. Default 10s.
 	TCPTimeout time.Duration
 	// JoinBackoff and JoinMaxBackoff bound Join's retry delay (doubling).
@@ -185,6 +195,7 @@ func DefaultConfig() Config {
 		AntiEntropyInterval: time.Second,
 		SuspicionMult:       4,
 		RetransmitMult:      4,
+		AdvertLoadBudget:    DefaultAdvertLoadBudget,
 		TCPTimeout:          10 * time.Second,
 		JoinBackoff:         DefaultJoinBackoff,
 		JoinMaxBackoff:      DefaultJoinMaxBackoff,
@@ -219,6 +230,7 @@ func (c Config) withDefaults() (Config, error) {
 	defaults.Zero(&c.ConfirmInterval, d.ConfirmInterval)
 	defaults.Zero(&c.SuspicionMult, d.SuspicionMult)
 	defaults.Zero(&c.RetransmitMult, d.RetransmitMult)
+	defaults.Zero(&c.AdvertLoadBudget, d.AdvertLoadBudget)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -273,6 +285,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.GossipNodes < 0 {
 		return c, fmt.Errorf("GossipNodes: negative")
+	}
+	if c.AdvertLoadBudget < 0 {
+		return c, fmt.Errorf("AdvertLoadBudget: negative")
 	}
 	if c.RetransmitMult < 0 {
 		return c, fmt.Errorf("RetransmitMult: negative")

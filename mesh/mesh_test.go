@@ -211,7 +211,7 @@ func TestUntrustedNodesAreRefused(t *testing.T) {
 		t.Error("a consumer-scope node advertised a role")
 	}
 	// Were it to advertise anyway, nobody would hear it.
-	if err := cons.m.publish(advertBody{Role: "chat", API: "openai"}); err != nil {
+	if _, err := cons.m.publish(advertBody{Role: "chat", API: "openai"}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 2*time.Second, "a refuses consumer's advert", func() bool { return a.refusals(reasonNotFullScope) >= 1 })
@@ -338,7 +338,7 @@ func TestTTLExpiryWithoutLeaving(t *testing.T) {
 	a.tab.AllowRemoteNode("chat", "b", true)
 	b.join(t, a)
 	eventually(t, 2*time.Second, "a sees b", func() bool { return a.m.IsAdmitted("b") })
-	if err := b.m.publish(advertBody{Role: "chat", API: "openai"}); err != nil {
+	if _, err := b.m.publish(advertBody{Role: "chat", API: "openai"}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 2*time.Second, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })

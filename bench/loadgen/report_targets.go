@@ -29,6 +29,7 @@ func (r *Report) summary() []TargetCheck {
 		meshRow(r, 100),
 		meshRow(r, 50),
 		simRow(r, 1000),
+		simAdvertRow(r, 1000),
 		cpuRow(r),
 		instrRow(r),
 	}, r.routingRows()...)
@@ -184,6 +185,27 @@ func simRow(r *Report, n int) TargetCheck {
 	adv, ok := durOf(m.Advert)
 	return TargetCheck{target, fmt.Sprintf("%s; %d (max %d)", orFailed(m.Advert, m.Err), m.AdvertQueueEnd, m.AdvertQueueMax),
 		goal, yes(ok && adv <= 3*time.Second && m.AdvertQueueEnd == 0 && m.Err == "")}
+}
+
+// simAdvertBefore is the advert bytes per node per second at N=1000 before
+// adverts carried capacity (one advert, its load never changing).
+const simAdvertBefore = 422
+
+// simAdvertRow is the simulation's advert traffic at n nodes with the
+// origin's load changing every second: at most twice what it was before
+// adverts carried capacity.
+func simAdvertRow(r *Report, n int) TargetCheck {
+	target, goal := fmt.Sprintf("sim N=%d: advert bytes per node per second, the origin's load changing every second", n), fmt.Sprintf("≤ 2 × %d", simAdvertBefore)
+	i := slices.IndexFunc(r.Sim, func(m simRes) bool { return m.N == n })
+	if i < 0 {
+		return notMeasured(target, goal, fmt.Sprintf("N=%d not run (%s)", n, runNs(r.Sim, func(m simRes) int { return m.N })))
+	}
+	m := r.Sim[i]
+	if m.Err != "" || m.LoadChanges == 0 {
+		return TargetCheck{target, strings.TrimSpace(orFailed("", m.Err) + fmt.Sprintf(" (%d load changes)", m.LoadChanges)), goal, yes(false)}
+	}
+	return TargetCheck{target, fmt.Sprintf("%.0f (%.2f×; %d load changes, %d of %d nodes held a recent one)", m.AdvertBytesNodeS, m.AdvertBytesNodeS/simAdvertBefore, m.LoadChanges, m.LoadSeen, n-1),
+		goal, yes(m.AdvertBytesNodeS <= 2*simAdvertBefore)}
 }
 
 // runNs says which node counts ran.

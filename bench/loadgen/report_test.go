@@ -72,7 +72,7 @@ func TestSummaryRows(t *testing.T) {
 	want := []string{
 		"local c=1 added p99", "local c=1 added p50", "local c=64 req/s", "streaming added TTFT p99",
 		"remote hop added p50 ÷ 1.25", "remote c=64 req/s ÷ local", "remote hop vs nginx-tls",
-		"remote 4096 concurrent streams", "mesh N=100 real", "mesh N=50 real", "sim N=1000",
+		"remote 4096 concurrent streams", "mesh N=100 real", "mesh N=50 real", "sim N=1000: advert reaches all", "sim N=1000: advert bytes",
 		"CPU per request at c=64", "instructions per request",
 		"routing, about capacity: infermesh TTFT p90 ÷ direct oracle's", "routing, about capacity: infermesh TTFT p90 ÷ direct round robin's",
 		"routing, about capacity: infermesh prefix hit ratio", "routing, 1.3× capacity: infermesh output tokens/s",
@@ -108,7 +108,7 @@ func TestSummaryRows(t *testing.T) {
 				{Name: infoName, Throughput: thr(19000, 0.76, 45)},
 			},
 			Mesh: []meshRes{{N: 50, Membership: "2.5s", Advert: "300ms"}, {N: 100, Membership: "2.9s", Advert: "1.2s"}},
-			Sim:  []simRes{{N: 1000, Advert: "900ms", AdvertQueueMax: 40}},
+			Sim:  []simRes{{N: 1000, Advert: "900ms", AdvertQueueMax: 40, AdvertBytesNodeS: 700, LoadChanges: 5, LoadSeen: 999}},
 			Instructions: []instrCount{{Name: "infermesh", Requests: 10, Instructions: 620000}, {Name: "nginx", Requests: 10, Instructions: 250000},
 				{Name: infoName, Requests: 10, Instructions: 700000, Logged: 5}},
 		}
@@ -126,10 +126,11 @@ func TestSummaryRows(t *testing.T) {
 			{8, "**no**", "2.9s; 1.2s"},
 			{9, "yes", "2.5s"},
 			{10, "yes", "900ms; 0 (max 40)"},
-			{11, "–", "infermesh 40.0 + 10.0"},
-			{11, "–", "the access log (level info, to a file) costs 5.0 µs"},
-			{12, "–", "infermesh 62,000 (2.48× nginx)"},
-			{12, "–", "the access log (level info, to a file) costs 8,000 per request, 5 lines written for 10 requests (zap's sampler), at most 16,000 per line written"},
+			{11, "yes", "700 (1.66×; 5 load changes, 999 of 999 nodes held a recent one)"},
+			{12, "–", "infermesh 40.0 + 10.0"},
+			{12, "–", "the access log (level info, to a file) costs 5.0 µs"},
+			{13, "–", "infermesh 62,000 (2.48× nginx)"},
+			{13, "–", "the access log (level info, to a file) costs 8,000 per request, 5 lines written for 10 requests (zap's sampler), at most 16,000 per line written"},
 		} {
 			row := rows[tc.row]
 			if row.Met != tc.met || !strings.Contains(row.Figure, tc.inFigure) {

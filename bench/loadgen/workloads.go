@@ -118,6 +118,10 @@ type simRes struct {
 	SteadyPushPulls  uint64  `json:"steady_push_pulls"`
 	BytesPerNodeSec  float64 `json:"bytes_per_node_s"`
 	AdvertBytesNodeS float64 `json:"advert_bytes_per_node_s"`
+	// LoadChanges is how often the origin's load changed in the window
+	// (once a simulated second); LoadSeen how many nodes held a recent one.
+	LoadChanges      int     `json:"load_changes"`
+	LoadSeen         int     `json:"load_seen"`
 	FormBytesPerNode float64 `json:"form_bytes_per_node"`
 	HeapPerNodeKiB   uint64  `json:"heap_per_node_kib"`
 	CPUSeconds       float64 `json:"cpu_s"`
@@ -326,10 +330,10 @@ func runSim(ctx context.Context, n int, timeout time.Duration) simRes {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cpu0, t0 := processCPU(), time.Now()
-	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second, TimeScale: meshsim.TimeScaleFor(n)})
+	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second, TimeScale: meshsim.TimeScaleFor(n), LoadEvery: time.Second})
 	sr := simRes{N: n, TimeScale: r.TimeScale, AdvertQueueMax: r.AdvertQueueMax, AdvertQueueEnd: r.AdvertQueueEnd,
 		FormPushPulls: r.FormPushPulls, SteadyPushPulls: r.SteadyPushPulls, BytesPerNodeSec: r.BytesPerNodeSec,
-		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode,
+		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode, LoadChanges: r.LoadChanges, LoadSeen: r.LoadSeen,
 		HeapPerNodeKiB: r.HeapPerNode / 1024, Overflows: r.Net.Overflows,
 		CPUSeconds: (processCPU() - cpu0).Seconds(), WallSeconds: time.Since(t0).Seconds()}
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -11,6 +13,7 @@ import (
 	"github.com/infermesh/infermesh/internal/defaults"
 	"github.com/infermesh/infermesh/mesh"
 	"github.com/infermesh/infermesh/mesh/meshbench"
+	"github.com/infermesh/infermesh/placement"
 )
 
 // Options is one simulation.
@@ -44,6 +47,13 @@ type Options struct {
 	// fixed constants (EarlyAdvertHold, the once-a-second re-advertise of
 	// peers back alive), which become shorter in simulated time. Default 1.
 	TimeScale float64
+	// LoadEvery, when above 0, changes the origin's load and capacity
+	// (in-flight count, running, waiting, KV use: what an engine under
+	// traffic reports) every LoadEvery of simulated time, from the advert
+	// reaching everyone to the end of Window, so that Window's advert
+	// bytes are those of a serving node whose load moves. 0: the load
+	// never changes (adverts are refreshes only).
+	LoadEvery time.Duration
 	// Logf, when set, hears progress.
 	Logf func(format string, args ...any)
 }
@@ -80,6 +90,9 @@ type Result struct {
 	// gossip byte, and the advert part of it (broadcasts and push/pull
 	// state); the rest is membership.
 	BytesPerNodeSec, AdvertBytesPerNodeSec float64
+	// AdvertBroadcastBytesPerNodeSec is the broadcast part of the
+	// adverts' bytes (the rest rides push/pull state exchanges).
+	AdvertBroadcastBytesPerNodeSec float64
 	// FormBytesPerNode is what each node sent, on average, from the first
 	// join until membership was complete.
 	FormBytesPerNode float64
@@ -89,13 +102,18 @@ type Result struct {
 	Net Stats
 	// Refusals sums every node's refusal counters.
 	Refusals map[string]uint64
+	// LoadChanges is how many times the origin's load changed
+	// (Options.LoadEvery); LoadSeen how many of the other nodes held one
+	// of the origin's last four loads (and later) at the end of Window.
+	LoadChanges, LoadSeen int
 }
 
 func (r Result) String() string {
 	return fmt.Sprintf("N=%d time_scale=%g membership=%v advert=%v advert_queue_max=%d advert_queue_end=%d push/pulls=%d+%d bytes/node/s=%.0f (adverts %.0f, membership %.0f) form_bytes/node=%.0f heap/node=%d KiB lost=%d overflows=%d refusals=%v",
 		r.N, r.TimeScale, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax, r.AdvertQueueEnd, r.FormPushPulls, r.SteadyPushPulls,
 		r.BytesPerNodeSec, r.AdvertBytesPerNodeSec, r.BytesPerNodeSec-r.AdvertBytesPerNodeSec,
-		r.FormBytesPerNode, r.HeapPerNode/1024, r.Net.Lost, r.Net.Overflows, r.Refusals)
+		r.FormBytesPerNode, r.HeapPerNode/1024, r.Net.Lost, r.Net.Overflows, r.Refusals) +
+		fmt.Sprintf(" advert_broadcasts/node/s=%.0f load_changes=%d load_seen=%d", r.AdvertBroadcastBytesPerNodeSec, r.LoadChanges, r.LoadSeen)
 }
 
 // Run simulates opt.N nodes over one in-memory Network. A phase that
@@ -116,6 +134,10 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 			&c.RejoinInterval, &c.RejoinMaxBackoff, &c.ReconnectTimeout, &c.ConfirmTimeout, &c.ConfirmInterval} {
 			*d = dilate(*d)
 		}
+		// A budget of bytes per second, in simulated seconds.
+		if c.AdvertLoadBudget > 0 {
+			c.AdvertLoadBudget = max(1, int(float64(c.AdvertLoadBudget)/k))
+		}
 	}
 	nw := &Network{Latency: dilate(opt.Latency), Jitter: dilate(opt.Jitter), Loss: opt.Loss}
 	ts := make([]*Transport, opt.N)
@@ -134,11 +156,14 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 		}
 		res.Net = nw.Stats()
 	}()
+	var broadcasts uint64
 	sent := func() (all, adverts, pushPulls uint64) {
+		broadcasts = 0
 		for i, t := range ts {
 			all += t.BytesSent()
 			s := c.Meshes[i].GossipStats()
 			adverts += s.AdvertBroadcastBytes + s.AdvertStateBytes
+			broadcasts += s.AdvertBroadcastBytes
 			pushPulls += s.AntiEntropyPushPulls
 		}
 		return all, adverts, pushPulls
@@ -163,12 +188,15 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	}
 	res.Refusals = c.Refusals()
 
+	stopLoad, loads := changeLoad(c, dilate(opt.LoadEvery))
+	defer stopLoad()
 	select {
 	case <-ctx.Done():
 		return res, ctx.Err()
 	case <-time.After(dilate(opt.Settle)):
 	}
 	all0, ad0, pp0 := sent()
+	bc0 := broadcasts
 	start := time.Now()
 	select {
 	case <-ctx.Done():
@@ -176,6 +204,18 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	case <-time.After(dilate(opt.Window)):
 	}
 	all1, ad1, pp1 := sent()
+	bc1 := broadcasts
+	if opt.LoadEvery > 0 {
+		stopLoad()
+		res.LoadChanges, res.LoadSeen = loads(), 0
+		for i := 1; i < opt.N; i++ {
+			for _, cand := range c.Tables[i].Candidates(meshbench.Role) {
+				if cand.Node == c.Origin() && int(cand.Load) >= res.LoadChanges-loadSeenWithin {
+					res.LoadSeen++
+				}
+			}
+		}
+	}
 	res.SteadyPushPulls = pp1 - pp0
 	for _, m := range c.Meshes {
 		res.AdvertQueueEnd = max(res.AdvertQueueEnd, m.AdvertQueueLen())
@@ -183,7 +223,42 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	secs := sim(time.Since(start)).Seconds() * float64(opt.N)
 	res.BytesPerNodeSec = float64(all1-all0) / secs
 	res.AdvertBytesPerNodeSec = float64(ad1-ad0) / secs
+	res.AdvertBroadcastBytesPerNodeSec = float64(bc1-bc0) / secs
 	return res, nil
+}
+
+// loadSeenWithin is how many changes old a load may be and count as seen.
+const loadSeenWithin = 4
+
+// changeLoad changes the origin's load every d (0: never) until stop; the
+// load is the number of changes so far (what the other nodes should come
+// to hold), the capacity a pattern of an engine under traffic. loads is
+// the number of changes made.
+func changeLoad(c *meshbench.Cluster, d time.Duration) (stop func(), loads func() int) {
+	var n atomic.Int64
+	if d <= 0 {
+		return func() {}, func() int { return 0 }
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			k := uint32(n.Add(1))
+			c.Tables[0].SetLocalLoad(meshbench.Role, k)
+			c.Tables[0].SetLocalCapacity(meshbench.Role, placement.Capacity{Slots: 8, Running: min(k%12, 8), Waiting: k % 12 / 9 * (k % 4),
+				KVUsage: float32(k%10) / 10, CacheTokens: 1 << 17})
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-finished }) }, func() int { return int(n.Load()) }
 }
 
 // liveHeap is the heap in use after a collection.

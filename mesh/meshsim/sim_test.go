@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/infermesh/infermesh/mesh"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,6 +29,34 @@ func TestRunSmall(t *testing.T) {
 	}
 	if r.BytesPerNodeSec <= 0 || r.AdvertBytesPerNodeSec > r.BytesPerNodeSec {
 		t.Errorf("bytes/node/s = %v (adverts %v), want > 0 and adverts a part", r.BytesPerNodeSec, r.AdvertBytesPerNodeSec)
+	}
+}
+
+// TestRunLoadChanging: with the origin's load changing every second, the
+// changes are advertised within the budget (mesh.Config.AdvertLoadBudget:
+// the advert bytes beyond a quiet run's at most twice it) and every other
+// node holds a load the origin had within the last four seconds.
+func TestRunLoadChanging(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	quiet, err := Run(ctx, Options{N: 8, Latency: time.Millisecond, Window: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(ctx, Options{N: 8, Latency: time.Millisecond, Window: 8 * time.Second, LoadEvery: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("quiet: %v\nload changing: %v", quiet, r)
+	if r.LoadChanges < 6 {
+		t.Errorf("%d load changes over an 8 s window at one a second", r.LoadChanges)
+	}
+	if r.LoadSeen != 7 {
+		t.Errorf("%d of 7 nodes hold one of the origin's loads of the last 4 s (of %d)", r.LoadSeen, r.LoadChanges)
+	}
+	budget := float64(mesh.DefaultAdvertLoadBudget)
+	if extra := r.AdvertBytesPerNodeSec - quiet.AdvertBytesPerNodeSec; extra <= 0 || extra > 2*budget {
+		t.Errorf("advert bytes/node/s %.0f with the load changing, %.0f without: want more, by at most twice the budget of %.0f", r.AdvertBytesPerNodeSec, quiet.AdvertBytesPerNodeSec, budget)
 	}
 }
 
