@@ -195,6 +195,12 @@ func (b *Backend) Route(_ context.Context, role string) (admin.Route, error) {
 		return admin.Route{}, admin.Errorf(admin.ErrNotFound, "%s", msg)
 	}
 	rt := admin.Route{Role: role, Generation: t.Generation(), Decisions: []admin.Decision{}, Hints: hints}
+	if b.a.proxy != nil {
+		rt.Queue = b.a.proxy.QueueLen(role)
+	}
+	if r, ok := b.a.cacheHitRatio(role); ok {
+		rt.CacheHitRatio = &r
+	}
 	seen := map[string]bool{}
 	for _, d := range ds {
 		seen[d.Node] = true

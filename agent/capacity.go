@@ -53,12 +53,47 @@ type roleCapacity struct {
 	changed time.Time // last time cap changed
 	failed  time.Time // last metrics failure (zero: none since success)
 	slots   int       // from /slots, 0 unknown
+	// slotsCtx is the context the slots hold together (llama.cpp's KV
+	// cache, in tokens), from /slots; 0 unknown.
+	slotsCtx uint32
 	// inferred is the slot count read off an engine that reports no
 	// slots (vLLM): how many ran the last time some waited (0: none
 	// waited yet).
 	inferred   int
 	slotsAt    time.Time
 	slotsNever bool // /slots is not served: stop asking
+	prefix     prefixRatio
+}
+
+// prefixRatio is an instance's prefix cache hit ratio over recent minutes,
+// from its counters (vLLM's prefix_cache_queries and _hits, in tokens):
+// what each scrape adds, decayed with prefixHalfLife. A counter that went
+// down (the engine restarted) starts over.
+type prefixRatio struct {
+	queries, hits float64 // decayed sums
+	lastQ, lastH  float64 // the counters at the last scrape
+	at            time.Time
+	seen          bool
+}
+
+// prefixHalfLife is how fast the hit ratio forgets.
+const prefixHalfLife = time.Minute
+
+func (p *prefixRatio) add(queries, hits float64, now time.Time) {
+	if p.seen && queries >= p.lastQ && hits >= p.lastH {
+		f := math.Exp2(-float64(now.Sub(p.at)) / float64(prefixHalfLife))
+		p.queries = p.queries*f + (queries - p.lastQ)
+		p.hits = p.hits*f + (hits - p.lastH)
+	}
+	p.lastQ, p.lastH, p.at, p.seen = queries, hits, now, true
+}
+
+// ratio is the hit ratio, false before any query was counted.
+func (p *prefixRatio) ratio() (float64, bool) {
+	if p.queries <= 0 {
+		return 0, false
+	}
+	return min(p.hits/p.queries, 1), true
 }
 
 // watchCapacity keeps the local instances' capacity in the table until ctx
@@ -80,6 +115,7 @@ func (a *Agent) watchCapacity(ctx context.Context) {
 			if _, ok := locals[role]; !ok {
 				delete(roles, role)
 				a.metrics.ForgetCapacity(role)
+				a.cacheHits.Delete(role)
 			}
 		}
 		for role, l := range locals {
@@ -136,6 +172,15 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 				c.KVUsage = float32(st.KVUsage)
 			}
 			c.CacheTokens = uint32(st.CacheTokens)
+			if st.Engine == enginestat.LlamaCpp {
+				c.CacheTokens = rc.slotsCtx // its context, from /slots
+			}
+			if st.HasPrefix {
+				rc.prefix.add(st.PrefixQueries, st.PrefixHits, now)
+				if r, ok := rc.prefix.ratio(); ok {
+					a.cacheHits.Store(role, r)
+				}
+			}
 			if st.Waiting > 0 && st.Running > 0 {
 				// Requests wait only when every slot runs one (or the
 				// KV cache holds no more): that many is its capacity
@@ -144,10 +189,10 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			}
 			if st.Engine == enginestat.LlamaCpp && !rc.slotsNever && now.Sub(rc.slotsAt) >= slotsEvery {
 				rc.slotsAt = now
-				if n, err := a.scrapeSlots(ctx, client, role, rc.base); err != nil {
+				if n, ctxTokens, err := a.scrapeSlots(ctx, client, role, rc.base); err != nil {
 					rc.slotsNever = true // llama-server --no-slots: the config's capacity says
 				} else {
-					rc.slots = n
+					rc.slots, rc.slotsCtx = n, uint32(ctxTokens)
 				}
 			}
 		}
@@ -183,10 +228,10 @@ func (a *Agent) scrapeMetrics(ctx context.Context, client *http.Client, role, ba
 	return enginestat.Parse(b, mode)
 }
 
-func (a *Agent) scrapeSlots(ctx context.Context, client *http.Client, role, base string) (int, error) {
+func (a *Agent) scrapeSlots(ctx context.Context, client *http.Client, role, base string) (int, float64, error) {
 	b, err := a.getInstance(ctx, client, role, base+"/slots")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	return enginestat.ParseSlots(b)
 }
@@ -225,6 +270,16 @@ func (a *Agent) externalOf(role string) *atomic.Int64 {
 		v, _ = a.external.LoadOrStore(role, new(atomic.Int64))
 	}
 	return v.(*atomic.Int64)
+}
+
+// cacheHitRatio is role's local instance's prefix cache hit ratio over
+// recent minutes, from its metrics; false when they say none (llama.cpp,
+// no metrics, nothing looked up yet).
+func (a *Agent) cacheHitRatio(role string) (float64, bool) {
+	if v, ok := a.cacheHits.Load(role); ok {
+		return v.(float64), true
+	}
+	return 0, false
 }
 
 // externalLoad is the requests at role's local instance that did not come

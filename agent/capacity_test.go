@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infermesh/infermesh/agent/admin"
 	"github.com/infermesh/infermesh/demomodel"
 	"github.com/infermesh/infermesh/placement"
 )
@@ -88,9 +89,9 @@ func TestCapacityFromEngineMetricsReachesPeers(t *testing.T) {
 	waitFor(t, "a resolves chat to b and embed to c", func() bool { return a.resolvesTo("chat", "b") && a.resolvesTo("embed", "c") })
 
 	stop := holdChats(t, a.url("chat"), "chat", 3)
-	waitFor(t, "a holds b's capacity: 2 slots, 2 running, 1 waiting, cache in use", func() bool {
+	waitFor(t, "a holds b's capacity: 2 slots holding 4096 tokens of context (its KV cache), 2 running, 1 waiting, cache in use", func() bool {
 		c := remoteCapacity(a, "chat", "b")
-		return c.Slots == 2 && c.Running == 2 && c.Waiting == 1 && c.KVUsage > 0
+		return c.Slots == 2 && c.CacheTokens == 4096 && c.Running == 2 && c.Waiting == 1 && c.KVUsage > 0
 	})
 	if got := b.agent.Table().Snapshot().LocalCap["chat"]; got.Slots != 2 {
 		t.Errorf("b's own record of its capacity: %+v", got)
@@ -133,4 +134,35 @@ func TestCapacitySlotsReadOffVLLM(t *testing.T) {
 		c := remoteCapacity(a, "chat", "b")
 		return c.Slots == 2 && c.Running == 2 && c.Waiting == 1
 	})
+}
+
+// TestCacheHitRatioOfTheLocalInstance: a serves chat from a vLLM-mode
+// engine; after the same long prompt several times, `route` shows the
+// instance's prefix cache hit ratio (its counters, in tokens), between 0
+// and 1 and above 0; the role's queue is 0.
+func TestCacheHitRatioOfTheLocalInstance(t *testing.T) {
+	tm := newTestMesh(t, "a")
+	ea := startEngineTokens(t, "model-a", demomodel.MetricsVLLM, 2, 2)
+	a := tm.start("a", map[string]roleSpec{"chat": {upstream: ea, model: "model-a"}}, false)
+	be := a.agent.admin.Backend()
+	body := `{"model":"chat","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 200) + `"},{"role":"user","content":"hi"}]}`
+	var rt admin.Route
+	waitFor(t, "a's route shows a cache hit ratio above 0", func() bool {
+		resp, err := http.Post(a.url("chat")+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("chat = %d", resp.StatusCode)
+		}
+		if rt, err = be.Route(context.Background(), "chat"); err != nil {
+			t.Fatal(err)
+		}
+		return rt.CacheHitRatio != nil && *rt.CacheHitRatio > 0
+	})
+	if r := *rt.CacheHitRatio; r > 1 || rt.Queue != 0 {
+		t.Errorf("route: cache hit ratio %v, queue %d; want at most 1 and 0", r, rt.Queue)
+	}
 }

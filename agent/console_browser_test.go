@@ -93,6 +93,11 @@ func TestConsoleInRealBrowser(t *testing.T) {
 		return r !== null && r.textContent.includes('chat') && r.textContent.includes('200') &&
 			r.querySelector('td.route').textContent === 'order' && r.querySelector('td.route').title.startsWith('local-first, key none: b not estimated; c not estimated'); })()`, id))
 
+	// The roles table: chat's queue here, and no cache hit ratio (a has
+	// no instance of its own).
+	poll("chat's row in the roles table, with its queue and cache hit cells", `(() => { const r = document.querySelector('#roles tr[data-role="chat"]');
+		return r !== null && r.querySelector('td.queue').textContent === '0' && r.querySelector('td.cache-hit').textContent === '-'; })()`)
+
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,12 @@ type Stats struct {
 	// vllm:cache_config_info labels num_gpu_blocks × block_size; 0 when
 	// not said.
 	CacheTokens float64
+	// PrefixQueries and PrefixHits are vLLM's prefix cache counters, in
+	// tokens (vllm:prefix_cache_queries_total and _hits_total: the prompt
+	// tokens looked up and those found); HasPrefix when both are there.
+	// llama.cpp exports none.
+	PrefixQueries, PrefixHits float64
+	HasPrefix                 bool
 }
 
 // names per engine: running, waiting, then the KV cache gauges in order
@@ -108,6 +114,15 @@ func Parse(text []byte, mode string) (Stats, error) {
 	}
 	if engine == VLLM {
 		st.CacheTokens = vllmCacheTokens(fams["vllm:cache_config_info"])
+		// vLLM v1's names, then v0's.
+		for _, n := range [][2]string{{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"}, {"vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"}} {
+			q, okQ := sum(fams, n[0])
+			h, okH := sum(fams, n[1])
+			if okQ && okH && q >= 0 && h >= 0 {
+				st.PrefixQueries, st.PrefixHits, st.HasPrefix = q, min(h, q), true
+				break
+			}
+		}
 	}
 	return st, nil
 }
@@ -163,11 +178,20 @@ func sum(fams map[string]*dto.MetricFamily, name string) (float64, bool) {
 }
 
 // ParseSlots reads llama-server's /slots answer: a JSON array, one entry
-// per slot. It returns how many.
-func ParseSlots(body []byte) (int, error) {
-	var slots []json.RawMessage
-	if err := json.Unmarshal(body, &slots); err != nil {
-		return 0, fmt.Errorf("the instance's /slots: %w", err)
+// per slot. It returns how many, and the context they hold together (each
+// slot's n_ctx: llama-server divides its context, its KV cache, between
+// its slots; 0 when not said), bounded to 32 bits.
+func ParseSlots(body []byte) (n int, ctxTokens float64, err error) {
+	var slots []struct {
+		NCtx float64 `json:"n_ctx"`
 	}
-	return len(slots), nil
+	if err := json.Unmarshal(body, &slots); err != nil {
+		return 0, 0, fmt.Errorf("the instance's /slots: %w", err)
+	}
+	for _, s := range slots {
+		if s.NCtx > 0 && !math.IsInf(s.NCtx, 0) {
+			ctxTokens += math.Floor(s.NCtx)
+		}
+	}
+	return len(slots), min(ctxTokens, math.MaxUint32), nil
 }

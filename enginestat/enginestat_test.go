@@ -94,10 +94,17 @@ func TestParseEngineMetrics(t *testing.T) {
 			if want := map[string]float64{LlamaCpp: 0, VLLM: 4096}[format]; st.CacheTokens != want {
 				t.Errorf("cache tokens %v, want %v", st.CacheTokens, want)
 			}
+			// vLLM's prefix cache counters (in tokens); llama.cpp has none.
+			if format == VLLM && (!st.HasPrefix || st.PrefixQueries <= 0 || st.PrefixHits > st.PrefixQueries) {
+				t.Errorf("stats %+v: want vLLM's prefix cache counters, queries above 0", st)
+			}
+			if format == LlamaCpp && st.HasPrefix {
+				t.Errorf("stats %+v: llama.cpp read with prefix cache counters", st)
+			}
 			if format == LlamaCpp {
-				n, err := ParseSlots(fetch(t, s.URL+"/slots"))
-				if err != nil || n != 2 {
-					t.Errorf("slots = %d, %v; want 2", n, err)
+				n, ctx, err := ParseSlots(fetch(t, s.URL+"/slots"))
+				if err != nil || n != 2 || ctx != 4096 {
+					t.Errorf("slots = %d (context %v), %v; want 2 holding 4096 tokens together", n, ctx, err)
 				}
 			}
 		})
@@ -111,7 +118,7 @@ func TestParseRefuses(t *testing.T) {
 	if _, err := Parse([]byte("not { metrics"), Auto); err == nil {
 		t.Error("garbage parsed")
 	}
-	if _, err := ParseSlots([]byte(`{"error":"slots disabled"}`)); err == nil {
+	if _, _, err := ParseSlots([]byte(`{"error":"slots disabled"}`)); err == nil {
 		t.Error("an error object read as slots")
 	}
 	// vLLM's gauges once per model are summed; a NaN is skipped; KV use
@@ -123,6 +130,16 @@ vllm:gpu_cache_usage_perc{model_name="a"} 1.5
 `), Auto)
 	if err != nil || st.Running != 5 || st.Waiting != 0 || st.KVUsage != 1 || !st.HasKV {
 		t.Errorf("vLLM of two models = %+v, %v", st, err)
+	}
+	// vLLM v0's prefix cache counters; hits above queries are held to them.
+	st, err = Parse([]byte(`vllm:num_requests_running 0
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total 100
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total 150
+`), Auto)
+	if err != nil || !st.HasPrefix || st.PrefixQueries != 100 || st.PrefixHits != 100 {
+		t.Errorf("vLLM v0 prefix counters = %+v, %v", st, err)
 	}
 	for _, m := range []string{"", Auto, LlamaCpp, VLLM, None} {
 		if !ValidMode(m) {

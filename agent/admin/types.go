@@ -112,10 +112,17 @@ type RemoteAd struct {
 // Route is GET /v0/route/{role}: who serves the role now and why every
 // other node does not.
 type Route struct {
-	Role       string     `json:"role"`
-	Generation uint64     `json:"generation"`
-	Serving    string     `json:"serving,omitempty"` // the first candidate's node, "" when none
-	Decisions  []Decision `json:"decisions"`
+	Role       string `json:"role"`
+	Generation uint64 `json:"generation"`
+	Serving    string `json:"serving,omitempty"` // the first candidate's node, "" when none
+	// Queue is how many of the role's requests wait at this agent for a
+	// free slot (routing.queue).
+	Queue int `json:"queue"`
+	// CacheHitRatio is the local instance's prefix cache hit ratio over
+	// recent minutes, from its metrics (vLLM's prefix cache counters);
+	// absent when they say none.
+	CacheHitRatio *float64   `json:"cache_hit_ratio,omitempty"`
+	Decisions     []Decision `json:"decisions"`
 	// Hints name roles peers advertise under a name close to Role (a
 	// typo on one side), when no peer advertises Role itself.
 	Hints []string `json:"hints,omitempty"`

@@ -167,6 +167,12 @@ func renderRoute(rt admin.Route) string {
 	} else {
 		fmt.Fprintf(&b, "role %s: no node serves it now (generation %d)\n", rt.Role, rt.Generation)
 	}
+	if rt.Queue > 0 {
+		fmt.Fprintf(&b, "%d waiting here for a free slot\n", rt.Queue)
+	}
+	if rt.CacheHitRatio != nil {
+		fmt.Fprintf(&b, "local instance's prefix cache hit ratio %.2f (recent minutes)\n", *rt.CacheHitRatio)
+	}
 	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "ADVERT", "WHY NOT / NOTES"}}
 	for _, d := range rt.Decisions {
 		rank := "-"

@@ -159,6 +159,9 @@ function render(st) {
       el("td", {}, rt.role),
       el("td", {}, rt.serving || "nobody"),
       el("td", {}, cands.map((d) => `${d.node} (${d.kind}, load ${d.load}${capText(d.capacity)}${d.notes ? ", " + d.notes.join(", ") : ""})`).join(" → ") || "-"),
+      el("td", { class: "num queue" }, String(rt.queue || 0)),
+      el("td", { class: "num cache-hit", title: "the local instance's prefix cache hit ratio over recent minutes, from its metrics" },
+        rt.cache_hit_ratio === undefined ? "-" : Math.round(rt.cache_hit_ratio * 100) + "%"),
       el("td", {}, rest.map((d) => `${d.node}: ${(d.reasons || []).join(", ")}`).join("; ") || "-"),
     );
   });
