@@ -179,7 +179,8 @@ func wait(t *testing.T, what string, cond func() bool) {
 	testproc.WaitUntil(t, what, 10*time.Second, cond)
 }
 
-func (e *routeEnv) reason(t *testing.T, id string) string {
+// outcome waits for the outcome of the request named id.
+func (e *routeEnv) outcome(t *testing.T, id string) Outcome {
 	t.Helper()
 	var o Outcome
 	wait(t, "the outcome of "+id, func() bool {
@@ -187,6 +188,12 @@ func (e *routeEnv) reason(t *testing.T, id string) string {
 		o, ok = e.obs.byID(id)
 		return ok
 	})
+	return o
+}
+
+func (e *routeEnv) reason(t *testing.T, id string) string {
+	t.Helper()
+	o := e.outcome(t, id)
 	if o.Route == nil {
 		t.Fatalf("%s: no route recorded", id)
 	}
@@ -228,16 +235,6 @@ func TestRouteSpillsFromASaturatedLocalInstance(t *testing.T) {
 func TestRouteIndexesOnlyTheKeysNode(t *testing.T) {
 	e := newRouteEnv(t, RouteConfig{})
 	body := `{"model":"m","prompt_cache_key":"tenant-1","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 100) + `"},{"role":"user","content":"hi"}]}`
-	outcome := func(id string) Outcome {
-		t.Helper()
-		var o Outcome
-		wait(t, "the outcome of "+id, func() bool {
-			var ok bool
-			o, ok = e.obs.byID(id)
-			return ok
-		})
-		return o
-	}
 	blocks := func(target string) int { return e.p.router.index.Len(targetKey("chat", target)) }
 	released := map[chan struct{}]bool{}
 	release := func(id string) {
@@ -254,7 +251,7 @@ func TestRouteIndexesOnlyTheKeysNode(t *testing.T) {
 	wait(t, "first arrived", func() bool { return e.local.has("first") || e.peer.has("first") })
 	release("first")
 	<-first
-	node := outcome("first").Target
+	node := e.outcome(t, "first").Target
 	other := map[string]string{"local": "b", "b": "local"}[node]
 	if blocks(node) == 0 || blocks(other) != 0 {
 		t.Fatalf("after first (at %s): %d blocks indexed at %s, %d at %s; want some at its node only", node, blocks(node), node, blocks(other), other)
@@ -272,7 +269,7 @@ func TestRouteIndexesOnlyTheKeysNode(t *testing.T) {
 	wait(t, "spilled at "+other, func() bool { return gateOf[other].has("spilled") })
 	release("spilled")
 	<-spilled
-	if o := outcome("spilled"); o.Target != other || o.Route == nil || o.Route.Candidates[0].Affine {
+	if o := e.outcome(t, "spilled"); o.Target != other || o.Route == nil || o.Route.Candidates[0].Affine {
 		t.Fatalf("spilled: %+v, want served by %s, not the affine one", o, other)
 	}
 	if n := blocks(other); n != 0 {
