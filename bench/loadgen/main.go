@@ -244,7 +244,7 @@ func run(ctx context.Context, args []string) error {
 		p.StreamReps, p.StreamDur = 3, 2*time.Duration(p.StreamTokens)*p.StreamDelay
 		p.ManyLevels, p.ManyRate = []int{4096, 2048, 512}, 1000
 		p.MeshNodes, p.MeshTimeout = []int{10, 50, 100}, 75*time.Second
-		p.SimNodes, p.SimTimeout = []int{100, 300, 1000}, 30*time.Minute
+		p.SimNodes, p.SimTimeout = []int{100, 300, 1000}, 45*time.Minute
 	}
 	if *skipMesh {
 		p.MeshNodes, p.SimNodes = nil, nil

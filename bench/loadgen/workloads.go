@@ -323,6 +323,11 @@ func (b *bench) runAll(ctx context.Context) {
 // simLatency is the one-way latency of the simulated network (a LAN).
 const simLatency = time.Millisecond
 
+// simWindow is how long the simulation's traffic is measured, in
+// simulated time: long enough to hold the origin's load adverts, which
+// the gossip budget spaces about 12 s apart at N=1000.
+const simWindow = 30 * time.Second
+
 // runSim runs one mesh simulation and records the process CPU it took
 // (the simulation shares the host's cores: a run whose CPU is near cores x
 // wall was starved, and its figures are the host's, not the protocol's).
@@ -330,7 +335,7 @@ func runSim(ctx context.Context, n int, timeout time.Duration) simRes {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cpu0, t0 := processCPU(), time.Now()
-	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: 5 * time.Second, TimeScale: meshsim.TimeScaleFor(n), LoadEvery: time.Second})
+	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: simWindow, TimeScale: meshsim.TimeScaleFor(n), LoadEvery: time.Second})
 	sr := simRes{N: n, TimeScale: r.TimeScale, AdvertQueueMax: r.AdvertQueueMax, AdvertQueueEnd: r.AdvertQueueEnd,
 		FormPushPulls: r.FormPushPulls, SteadyPushPulls: r.SteadyPushPulls, BytesPerNodeSec: r.BytesPerNodeSec,
 		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode, LoadChanges: r.LoadChanges, LoadSeen: r.LoadSeen,
