@@ -204,7 +204,7 @@ func simAdvertRow(r *Report, n int) TargetCheck {
 	if m.Err != "" || m.LoadChanges == 0 {
 		return TargetCheck{target, strings.TrimSpace(orFailed("", m.Err) + fmt.Sprintf(" (%d load changes)", m.LoadChanges)), goal, yes(false)}
 	}
-	return TargetCheck{target, fmt.Sprintf("%.0f (%.2f×; %d load changes, %d of %d nodes held a recent one)", m.AdvertBytesNodeS, m.AdvertBytesNodeS/simAdvertBefore, m.LoadChanges, m.LoadSeen, n-1),
+	return TargetCheck{target, fmt.Sprintf("%.0f (%.2f×; %d load changes; the stalest node %s behind, %d with none)", m.AdvertBytesNodeS, m.AdvertBytesNodeS/simAdvertBefore, m.LoadChanges, m.LoadStale, m.LoadMissing),
 		goal, yes(m.AdvertBytesNodeS <= 2*simAdvertBefore)}
 }
 

@@ -108,7 +108,7 @@ func TestSummaryRows(t *testing.T) {
 				{Name: infoName, Throughput: thr(19000, 0.76, 45)},
 			},
 			Mesh: []meshRes{{N: 50, Membership: "2.5s", Advert: "300ms"}, {N: 100, Membership: "2.9s", Advert: "1.2s"}},
-			Sim:  []simRes{{N: 1000, Advert: "900ms", AdvertQueueMax: 40, AdvertBytesNodeS: 700, LoadChanges: 5, LoadSeen: 999}},
+			Sim:  []simRes{{N: 1000, Advert: "900ms", AdvertQueueMax: 40, AdvertBytesNodeS: 700, LoadChanges: 5, LoadStale: "12s"}},
 			Instructions: []instrCount{{Name: "infermesh", Requests: 10, Instructions: 620000}, {Name: "nginx", Requests: 10, Instructions: 250000},
 				{Name: infoName, Requests: 10, Instructions: 700000, Logged: 5}},
 		}
@@ -126,7 +126,7 @@ func TestSummaryRows(t *testing.T) {
 			{8, "**no**", "2.9s; 1.2s"},
 			{9, "yes", "2.5s"},
 			{10, "yes", "900ms; 0 (max 40)"},
-			{11, "yes", "700 (1.66×; 5 load changes, 999 of 999 nodes held a recent one)"},
+			{11, "yes", "700 (1.66×; 5 load changes; the stalest node 12s behind, 0 with none)"},
 			{12, "–", "infermesh 40.0 + 10.0"},
 			{12, "–", "the access log (level info, to a file) costs 5.0 µs"},
 			{13, "–", "infermesh 62,000 (2.48× nginx)"},

@@ -119,9 +119,11 @@ type simRes struct {
 	BytesPerNodeSec  float64 `json:"bytes_per_node_s"`
 	AdvertBytesNodeS float64 `json:"advert_bytes_per_node_s"`
 	// LoadChanges is how often the origin's load changed in the window
-	// (once a simulated second); LoadSeen how many nodes held a recent one.
+	// (once a simulated second); LoadStale how far behind (simulated) the
+	// stalest node's was at the end; LoadMissing how many held none.
 	LoadChanges      int     `json:"load_changes"`
-	LoadSeen         int     `json:"load_seen"`
+	LoadStale        string  `json:"load_stale,omitempty"`
+	LoadMissing      int     `json:"load_missing"`
 	FormBytesPerNode float64 `json:"form_bytes_per_node"`
 	HeapPerNodeKiB   uint64  `json:"heap_per_node_kib"`
 	CPUSeconds       float64 `json:"cpu_s"`
@@ -338,7 +340,7 @@ func runSim(ctx context.Context, n int, timeout time.Duration) simRes {
 	r, err := meshsim.Run(sctx, meshsim.Options{N: n, Latency: simLatency, Window: simWindow, TimeScale: meshsim.TimeScaleFor(n), LoadEvery: time.Second})
 	sr := simRes{N: n, TimeScale: r.TimeScale, AdvertQueueMax: r.AdvertQueueMax, AdvertQueueEnd: r.AdvertQueueEnd,
 		FormPushPulls: r.FormPushPulls, SteadyPushPulls: r.SteadyPushPulls, BytesPerNodeSec: r.BytesPerNodeSec,
-		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode, LoadChanges: r.LoadChanges, LoadSeen: r.LoadSeen,
+		AdvertBytesNodeS: r.AdvertBytesPerNodeSec, FormBytesPerNode: r.FormBytesPerNode, LoadChanges: r.LoadChanges, LoadStale: r.LoadStale.Round(time.Millisecond).String(), LoadMissing: r.LoadMissing,
 		HeapPerNodeKiB: r.HeapPerNode / 1024, Overflows: r.Net.Overflows,
 		CPUSeconds: (processCPU() - cpu0).Seconds(), WallSeconds: time.Since(t0).Seconds()}
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -103,9 +102,12 @@ type Result struct {
 	// Refusals sums every node's refusal counters.
 	Refusals map[string]uint64
 	// LoadChanges is how many times the origin's load changed
-	// (Options.LoadEvery); LoadSeen how many of the other nodes held one
-	// of the origin's last four loads (and later) at the end of Window.
-	LoadChanges, LoadSeen int
+	// (Options.LoadEvery). LoadStale is, over the other nodes at the end
+	// of Window, the longest time (simulated) since the load each held
+	// stopped being the origin's: 0 when every node holds the latest;
+	// LoadMissing how many held none from a change.
+	LoadChanges, LoadMissing int
+	LoadStale                time.Duration
 }
 
 func (r Result) String() string {
@@ -113,7 +115,7 @@ func (r Result) String() string {
 		r.N, r.TimeScale, r.Membership.Round(time.Millisecond), r.Advert.Round(time.Millisecond), r.AdvertQueueMax, r.AdvertQueueEnd, r.FormPushPulls, r.SteadyPushPulls,
 		r.BytesPerNodeSec, r.AdvertBytesPerNodeSec, r.BytesPerNodeSec-r.AdvertBytesPerNodeSec,
 		r.FormBytesPerNode, r.HeapPerNode/1024, r.Net.Lost, r.Net.Overflows, r.Refusals) +
-		fmt.Sprintf(" advert_broadcasts/node/s=%.0f load_changes=%d load_seen=%d", r.AdvertBroadcastBytesPerNodeSec, r.LoadChanges, r.LoadSeen)
+		fmt.Sprintf(" advert_broadcasts/node/s=%.0f load_changes=%d load_stale=%v load_missing=%d", r.AdvertBroadcastBytesPerNodeSec, r.LoadChanges, r.LoadStale.Round(time.Millisecond), r.LoadMissing)
 }
 
 // Run simulates opt.N nodes over one in-memory Network. A phase that
@@ -207,12 +209,22 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	bc1 := broadcasts
 	if opt.LoadEvery > 0 {
 		stopLoad()
-		res.LoadChanges, res.LoadSeen = loads(), 0
+		now := time.Now()
+		changed := loads()
+		res.LoadChanges = len(changed)
 		for i := 1; i < opt.N; i++ {
+			held := -1
 			for _, cand := range c.Tables[i].Candidates(meshbench.Role) {
-				if cand.Node == c.Origin() && int(cand.Load) >= res.LoadChanges-loadSeenWithin {
-					res.LoadSeen++
+				if cand.Node == c.Origin() {
+					held = int(cand.Load)
 				}
+			}
+			switch {
+			case held < 1 || held > len(changed):
+				res.LoadMissing++
+			case held < len(changed):
+				// Load held stopped being the origin's at change held+1.
+				res.LoadStale = max(res.LoadStale, sim(now.Sub(changed[held])))
 			}
 		}
 	}
@@ -227,17 +239,15 @@ func Run(ctx context.Context, opt Options) (res Result, err error) {
 	return res, nil
 }
 
-// loadSeenWithin is how many changes old a load may be and count as seen.
-const loadSeenWithin = 4
-
 // changeLoad changes the origin's load every d (0: never) until stop; the
 // load is the number of changes so far (what the other nodes should come
 // to hold), the capacity a pattern of an engine under traffic. loads is
-// the number of changes made.
-func changeLoad(c *meshbench.Cluster, d time.Duration) (stop func(), loads func() int) {
-	var n atomic.Int64
+// when each change was made (the load k+1 at loads()[k]).
+func changeLoad(c *meshbench.Cluster, d time.Duration) (stop func(), loads func() []time.Time) {
+	var mu sync.Mutex
+	var at []time.Time
 	if d <= 0 {
-		return func() {}, func() int { return 0 }
+		return func() {}, func() []time.Time { return nil }
 	}
 	done := make(chan struct{})
 	finished := make(chan struct{})
@@ -251,14 +261,21 @@ func changeLoad(c *meshbench.Cluster, d time.Duration) (stop func(), loads func(
 				return
 			case <-t.C:
 			}
-			k := uint32(n.Add(1))
+			mu.Lock()
+			at = append(at, time.Now())
+			k := uint32(len(at))
+			mu.Unlock()
 			c.Tables[0].SetLocalLoad(meshbench.Role, k)
 			c.Tables[0].SetLocalCapacity(meshbench.Role, placement.Capacity{Slots: 8, Running: min(k%12, 8), Waiting: k % 12 / 9 * (k % 4),
 				KVUsage: float32(k%10) / 10, CacheTokens: 1 << 17})
 		}
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { close(done); <-finished }) }, func() int { return int(n.Load()) }
+	return func() { once.Do(func() { close(done); <-finished }) }, func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Time(nil), at...)
+	}
 }
 
 // liveHeap is the heap in use after a collection.
