@@ -146,7 +146,7 @@ func (f *Fake) Route(_ context.Context, role string) (admin.Route, error) {
 		return admin.Route{}, admin.Errorf(admin.ErrNotFound, "role %q is not configured on this node", role)
 	}
 	return admin.Route{
-		Role: "chat", Generation: 42, Serving: "a",
+		Role: "chat", Generation: 42, Serving: "a", Queue: 2, CacheHitRatio: &fakeHitRatio,
 		Decisions: []admin.Decision{
 			{Node: "a", Kind: "local", Candidate: true, Rank: 0, Model: "llama-3-8b"},
 			{Node: "b", Kind: "remote", Candidate: true, Rank: 1, Model: "llama-3-8b", Load: 2, HasAdvert: true, AgeSeconds: 3.5,
@@ -331,3 +331,6 @@ func (f *Fake) FollowInstanceLogs(ctx context.Context, role string, n int, fn fu
 		}
 	}
 }
+
+// fakeHitRatio is the canned route's local cache hit ratio.
+var fakeHitRatio = 0.75
