@@ -204,7 +204,12 @@ func keepsATenantOnItsPeer(t *testing.T, routingYAML string, warm bool, between 
 	// Under the bounded placement a consumer places a key new to it at
 	// once against its current view, and all of them again every
 	// routing.PlaceEvery: once that passed after the last new key, both
-	// consumers hold the same keys and place them alike.
+	// consumers hold the same keys and place them alike. The sleep is
+	// the condition itself, not a guess at a speed: a placement is made
+	// again on the first request at least PlaceEvery after the last, so
+	// once PlaceEvery has passed the next request of each consumer places
+	// every key from the same set, however loaded the machine. (Polling
+	// with requests instead would add weight to the polled tenant.)
 	settle := func(round string) {
 		if warm {
 			placeAll(round, false)
