@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
@@ -78,7 +79,6 @@ type router struct {
 	index   *routing.Index
 	stats   *routing.Stats
 	targets sync.Map // role -> *roleTargets
-	placers sync.Map // role -> *routing.Placer
 	qmu     sync.Mutex
 	queues  map[string]*routeQueue
 	pool    sync.Pool // *routeScratch
@@ -107,16 +107,17 @@ const maxTargets = 1 << 14
 // a target is added (rare: a peer new to the role), so that the lookups
 // of every request, one per candidate, take no lock.
 type roleTargets struct {
-	role string
-	mu   sync.Mutex // serializes additions
-	m    atomic.Pointer[map[string]*target]
+	role   string
+	placer *routing.Placer // the role's key placement
+	mu     sync.Mutex      // serializes additions
+	m      atomic.Pointer[map[string]*target]
 }
 
 func (rt *router) roleTargets(role string) *roleTargets {
 	if v, ok := rt.targets.Load(role); ok {
 		return v.(*roleTargets)
 	}
-	r := &roleTargets{role: role}
+	r := &roleTargets{role: role, placer: routing.NewPlacer()}
 	r.m.Store(&map[string]*target{})
 	v, _ := rt.targets.LoadOrStore(role, r)
 	return v.(*roleTargets)
@@ -134,9 +135,7 @@ func (r *roleTargets) get(name string) *target {
 	}
 	next := make(map[string]*target, len(old)+1)
 	if len(old) < maxTargets {
-		for k, v := range old {
-			next[k] = v
-		}
+		maps.Copy(next, old)
 	}
 	t := &target{key: targetKey(r.role, name)}
 	next[name] = t
@@ -170,15 +169,6 @@ type routeScratch struct {
 	order  []int
 	ests   []routing.Estimate
 	blocks []uint64
-}
-
-// placer is role's key placement.
-func (rt *router) placer(role string) *routing.Placer {
-	if v, ok := rt.placers.Load(role); ok {
-		return v.(*routing.Placer)
-	}
-	v, _ := rt.placers.LoadOrStore(role, routing.NewPlacer())
-	return v.(*routing.Placer)
 }
 
 func targetKey(role, target string) string { return role + "\x00" + target }
@@ -262,7 +252,7 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 			rr.keyed = in.Key != 0
 		}
 		if req.Key != 0 && !cfg.PlainAffinity {
-			rt.placer(role).Observe(req.Key, time.Now())
+			rt.roleTargets(role).placer.Observe(req.Key, time.Now())
 		}
 	}
 	rr.info.Tokens = rr.tokens
@@ -342,7 +332,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 		rt.index.FillCached(s.keys, rr.blocks, blockTokens, s.cands)
 	}
 	if req.Key != 0 && cfg.Policy == routing.PolicyAuto && !cfg.PlainAffinity {
-		req.Place = rt.placer(role).Place(s.cands, req.Key, time.Now())
+		req.Place = targets.placer.Place(s.cands, req.Key, time.Now())
 	}
 	d := routing.Decide(cfg.Policy, s.cands, req, cfg.Params, s.order, s.ests)
 	s.order, s.ests = d.Order, d.Estimates
