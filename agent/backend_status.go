@@ -353,5 +353,10 @@ func adminCapacity(c placement.Capacity) *admin.Capacity {
 	if !c.Known() {
 		return nil
 	}
-	return &admin.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage}
+	ac := &admin.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage}
+	if c.HasCacheHit {
+		h := float64(c.CacheHit)
+		ac.CacheHitRatio = &h
+	}
+	return ac
 }

@@ -179,6 +179,7 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 				rc.prefix.add(st.PrefixQueries, st.PrefixHits, now)
 				if r, ok := rc.prefix.ratio(); ok {
 					a.cacheHits.Store(role, r)
+					c.CacheHit, c.HasCacheHit = placement.RoundCacheHit(r), true
 				}
 			}
 			if st.Waiting > 0 && st.Running > 0 {

@@ -139,16 +139,45 @@ func TestCapacitySlotsReadOffVLLM(t *testing.T) {
 // TestCacheHitRatioOfTheLocalInstance: a serves chat from a vLLM-mode
 // engine; after the same long prompt several times, `route` shows the
 // instance's prefix cache hit ratio (its counters, in tokens), between 0
-// and 1 and above 0; the role's queue is 0.
+// and 1 and above 0, for the role and in the local candidate's capacity;
+// the role's queue is 0.
 func TestCacheHitRatioOfTheLocalInstance(t *testing.T) {
 	tm := newTestMesh(t, "a")
 	ea := startEngineTokens(t, "model-a", demomodel.MetricsVLLM, 2, 2)
 	a := tm.start("a", map[string]roleSpec{"chat": {upstream: ea, model: "model-a"}}, false)
-	be := a.agent.admin.Backend()
+	rt := routeOnceHit(t, a, "a")
+	if r := *rt.CacheHitRatio; r > 1 || rt.Queue != 0 {
+		t.Errorf("route: cache hit ratio %v, queue %d; want at most 1 and 0", r, rt.Queue)
+	}
+}
+
+// TestCacheHitRatioOfAPeer: b serves chat to a from a vLLM-mode engine; a
+// has no instance of its own. After the same long prompt several times
+// through a, a's `route` shows b's prefix cache hit ratio in b's capacity
+// (b's load reports and adverts carry it), and no ratio of a local
+// instance.
+func TestCacheHitRatioOfAPeer(t *testing.T) {
+	tm := newTestMesh(t, "a", "b")
+	eb := startEngineTokens(t, "model-b", demomodel.MetricsVLLM, 2, 2)
+	a := tm.start("a", map[string]roleSpec{"chat": {acceptFrom: []string{"b"}}}, false)
+	tm.start("b", map[string]roleSpec{"chat": {upstream: eb, model: "model-b", expose: true, serveTo: []string{"a"}}}, false)
+	waitFor(t, "a resolves chat to b", func() bool { return a.resolvesTo("chat", "b") })
+	rt := routeOnceHit(t, a, "b")
+	if rt.CacheHitRatio != nil {
+		t.Errorf("a has no instance, yet its route shows a local hit ratio %v", *rt.CacheHitRatio)
+	}
+}
+
+// routeOnceHit sends n's chat port the same long prompt until n's route
+// shows node's instance with a prefix cache hit ratio above 0 (at most 1),
+// and returns that route.
+func routeOnceHit(t *testing.T, n *meshNode, node string) admin.Route {
+	t.Helper()
+	be := n.agent.admin.Backend()
 	body := `{"model":"chat","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 200) + `"},{"role":"user","content":"hi"}]}`
 	var rt admin.Route
-	waitFor(t, "a's route shows a cache hit ratio above 0", func() bool {
-		resp, err := http.Post(a.url("chat")+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	waitFor(t, "the route shows "+node+"'s instance with a cache hit ratio above 0", func() bool {
+		resp, err := http.Post(n.url("chat")+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,9 +193,16 @@ func TestCacheHitRatioOfTheLocalInstance(t *testing.T) {
 		if rt, err = be.Route(context.Background(), "chat"); err != nil {
 			t.Fatal(err)
 		}
-		return rt.CacheHitRatio != nil && *rt.CacheHitRatio > 0
+		for _, d := range rt.Decisions {
+			if d.Node == node && d.Capacity != nil && d.Capacity.CacheHitRatio != nil {
+				r := *d.Capacity.CacheHitRatio
+				if r > 1 {
+					t.Fatalf("%s's cache hit ratio %v", node, r)
+				}
+				return r > 0
+			}
+		}
+		return false
 	})
-	if r := *rt.CacheHitRatio; r > 1 || rt.Queue != 0 {
-		t.Errorf("route: cache hit ratio %v, queue %d; want at most 1 and 0", r, rt.Queue)
-	}
+	return rt
 }

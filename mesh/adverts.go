@@ -65,13 +65,21 @@ type advertCap struct {
 	Waiting uint32  `json:"w,omitempty"`
 	KV      float32 `json:"kv,omitempty"`
 	Cache   uint32  `json:"c,omitempty"` // tokens the KV cache holds
+	// Hit is the prefix cache hit ratio, in hundredths; absent when the
+	// engine counts none (0 is a ratio).
+	Hit *float32 `json:"h,omitempty"`
 }
 
 func capOf(c placement.Capacity) *advertCap {
 	if !c.Known() {
 		return nil
 	}
-	return &advertCap{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KV: c.KVUsage, Cache: c.CacheTokens}
+	ac := &advertCap{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KV: c.KVUsage, Cache: c.CacheTokens}
+	if c.HasCacheHit {
+		h := c.CacheHit
+		ac.Hit = &h
+	}
+	return ac
 }
 
 func (b advertBody) advert() placement.Advert {
@@ -86,6 +94,9 @@ func (b advertBody) advert() placement.Advert {
 			kv = 0
 		}
 		ad.Capacity = placement.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: min(kv, 1), CacheTokens: c.Cache}
+		if c.Hit != nil {
+			ad.Capacity.CacheHit, ad.Capacity.HasCacheHit = placement.RoundCacheHit(float64(*c.Hit)), true
+		}
 	}
 	return ad
 }

@@ -33,7 +33,7 @@ func TestCapacityTravelsInAdverts(t *testing.T) {
 		got, ok := capOfRemote(a, "chat", "b")
 		return ok && got == first
 	})
-	next := placement.Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9, CacheTokens: 16384}
+	next := placement.Capacity{Slots: 4, Running: 4, Waiting: 3, KVUsage: 0.9, CacheTokens: 16384, HasCacheHit: true}
 	b.tab.SetLocalCapacity("chat", next)
 	eventually(t, 10*time.Second, "a holds b's new capacity", func() bool {
 		got, _ := capOfRemote(a, "chat", "b")
@@ -82,6 +82,10 @@ func TestAdvertCapacityDecoding(t *testing.T) {
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"r":2,"kv":0.5,"c":16384}}`, placement.Capacity{Slots: 8, Running: 2, KVUsage: 0.5, CacheTokens: 16384}},
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"kv":-3}}`, placement.Capacity{Slots: 8}},
 		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"kv":7}}`, placement.Capacity{Slots: 8, KVUsage: 1}},
+		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"h":0.734}}`, placement.Capacity{Slots: 8, CacheHit: 0.73, HasCacheHit: true}},
+		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"h":0}}`, placement.Capacity{Slots: 8, HasCacheHit: true}},
+		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"h":-2}}`, placement.Capacity{Slots: 8, HasCacheHit: true}},
+		{`{"role":"chat","origin":"b","seq":1,"set":["chat"],"cap":{"s":8,"h":9}}`, placement.Capacity{Slots: 8, CacheHit: 1, HasCacheHit: true}},
 	} {
 		var b advertBody
 		if err := json.Unmarshal([]byte(tt.body), &b); err != nil {

@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -159,11 +160,25 @@ type Advert struct {
 // it runs at once (Slots; 0: unknown), how many it runs now and how many
 // wait for a slot, the share of its KV cache in use (0 to 1), and the
 // tokens its KV cache holds (CacheTokens; 0: unknown), which bounds the
-// prefixes it can keep.
+// prefixes it can keep, and the share of its recent prompt tokens its
+// prefix cache held (CacheHit, 0 to 1, in hundredths; only when HasCacheHit:
+// vLLM counts it, llama.cpp does not).
 type Capacity struct {
 	Slots, Running, Waiting uint32
 	KVUsage                 float32
 	CacheTokens             uint32
+	CacheHit                float32
+	HasCacheHit             bool
+}
+
+// RoundCacheHit is a cache hit ratio as capacities carry it: in hundredths,
+// clamped to 0..1 (NaN is 0), so that a ratio that drifts in its third
+// digit does not read as a change of load.
+func RoundCacheHit(r float64) float32 {
+	if !(r > 0) {
+		return 0
+	}
+	return float32(math.Round(min(r, 1)*100) / 100)
 }
 
 // Known reports whether anything is known of the capacity.

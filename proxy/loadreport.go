@@ -17,8 +17,9 @@ import (
 // header of a peer's answer, it never reaches the app.
 
 // LoadHeader carries a load report: "load=3, slots=4, running=2,
-// waiting=1, kv=0.42, cache=16384" (the keys in any order; unknown keys
-// are ignored; cache, the tokens the KV cache holds, only when known).
+// waiting=1, kv=0.42, cache=16384, hit=0.73" (the keys in any order;
+// unknown keys are ignored; cache, the tokens the KV cache holds, and hit,
+// the prefix cache hit ratio, only when known).
 const LoadHeader = "Infermesh-Load"
 
 // LoadReport is one report.
@@ -46,6 +47,10 @@ func (r LoadReport) String() string {
 			b = append(b, ", cache="...)
 			b = strconv.AppendUint(b, uint64(c.CacheTokens), 10)
 		}
+		if c.HasCacheHit {
+			b = append(b, ", hit="...)
+			b = strconv.AppendFloat(b, float64(c.CacheHit), 'f', 2, 32)
+		}
 	}
 	return string(b)
 }
@@ -60,12 +65,16 @@ func ParseLoadReport(v string) (LoadReport, bool) {
 		if !ok {
 			return LoadReport{}, false
 		}
-		if k == "kv" {
+		if k == "kv" || k == "hit" {
 			f, err := strconv.ParseFloat(val, 32)
 			if err != nil || math.IsNaN(f) {
 				return LoadReport{}, false
 			}
-			r.Capacity.KVUsage = float32(min(max(f, 0), 1))
+			if k == "kv" {
+				r.Capacity.KVUsage = float32(min(max(f, 0), 1))
+			} else {
+				r.Capacity.CacheHit, r.Capacity.HasCacheHit = placement.RoundCacheHit(f), true
+			}
 			continue
 		}
 		n, err := strconv.ParseUint(val, 10, 32)

@@ -19,6 +19,8 @@ func TestLoadReportRoundTrip(t *testing.T) {
 		{Load: 3, Capacity: placement.Capacity{Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.42}},
 		{Load: 3, Capacity: placement.Capacity{Slots: 4, Running: 2, KVUsage: 0.5, CacheTokens: 16384}},
 		{Load: 1<<32 - 1, Capacity: placement.Capacity{Slots: 1<<32 - 1, KVUsage: 1}},
+		{Load: 2, Capacity: placement.Capacity{Slots: 4, Running: 2, CacheHit: 0.73, HasCacheHit: true}},
+		{Load: 2, Capacity: placement.Capacity{Slots: 4, HasCacheHit: true}}, // a ratio of 0 is one
 	} {
 		got, ok := ParseLoadReport(r.String())
 		if !ok || got != r {
@@ -42,6 +44,10 @@ func TestParseLoadReportHostile(t *testing.T) {
 		{"slots=4, load=2, future=x, ttft=12", LoadReport{Load: 2, Capacity: placement.Capacity{Slots: 4}}, true},
 		{"load=1, kv=9", LoadReport{Load: 1, Capacity: placement.Capacity{KVUsage: 1}}, true},
 		{"load=1, kv=-9", LoadReport{Load: 1}, true},
+		{"load=1, hit=0.734", LoadReport{Load: 1, Capacity: placement.Capacity{CacheHit: 0.73, HasCacheHit: true}}, true},
+		{"load=1, hit=3", LoadReport{Load: 1, Capacity: placement.Capacity{CacheHit: 1, HasCacheHit: true}}, true},
+		{"load=1, hit=-1", LoadReport{Load: 1, Capacity: placement.Capacity{HasCacheHit: true}}, true},
+		{"load=1, hit=NaN", LoadReport{}, false},
 		{"", LoadReport{}, false},
 		{"slots=4", LoadReport{}, false},
 		{"load=-1", LoadReport{}, false},
@@ -60,7 +66,7 @@ func TestParseLoadReportHostile(t *testing.T) {
 }
 
 func FuzzParseLoadReport(f *testing.F) {
-	for _, s := range []string{"load=3, slots=4, running=2, waiting=1, kv=0.420", "load=0", "kv=1e400", "load=1,kv=-0"} {
+	for _, s := range []string{"load=3, slots=4, running=2, waiting=1, kv=0.420", "load=0", "kv=1e400", "load=1,kv=-0", "load=1, hit=0.5"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -71,10 +77,14 @@ func FuzzParseLoadReport(f *testing.F) {
 		if k := r.Capacity.KVUsage; !(k >= 0 && k <= 1) {
 			t.Fatalf("%q: KV share %v outside 0..1", s, k)
 		}
+		if h := r.Capacity.CacheHit; !(h >= 0 && h <= 1) || (h != 0 && !r.Capacity.HasCacheHit) {
+			t.Fatalf("%q: cache hit ratio %v (known %v) outside 0..1", s, h, r.Capacity.HasCacheHit)
+		}
 		// What is read is what would be sent, up to the KV share's three
 		// decimals.
 		again, ok := ParseLoadReport(r.String())
-		if !ok || again.Load != r.Load || again.Capacity.Slots != r.Capacity.Slots || again.Capacity.Waiting != r.Capacity.Waiting {
+		if !ok || again.Load != r.Load || again.Capacity.Slots != r.Capacity.Slots || again.Capacity.Waiting != r.Capacity.Waiting ||
+			again.Capacity.CacheHit != r.Capacity.CacheHit || again.Capacity.HasCacheHit != r.Capacity.HasCacheHit {
 			t.Fatalf("%q: read %+v, its String %q reads %+v, %v", s, r, r.String(), again, ok)
 		}
 	})

@@ -151,6 +151,10 @@ type Capacity struct {
 	Running uint32  `json:"running"`
 	Waiting uint32  `json:"waiting"`  // queued at the instance
 	KVUsage float32 `json:"kv_usage"` // share of its KV cache in use, 0 to 1
+	// CacheHitRatio is the instance's prefix cache hit ratio over recent
+	// minutes, as its node measures it (vLLM's counters), in hundredths;
+	// absent when its engine counts none.
+	CacheHitRatio *float64 `json:"cache_hit_ratio,omitempty"`
 }
 
 // Policy kinds, as in the config file (roles.<r>.accept_from, ...).

@@ -173,7 +173,7 @@ func renderRoute(rt admin.Route) string {
 	if rt.CacheHitRatio != nil {
 		fmt.Fprintf(&b, "local instance's prefix cache hit ratio %.2f (recent minutes)\n", *rt.CacheHitRatio)
 	}
-	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "ADVERT", "WHY NOT / NOTES"}}
+	rows := [][]string{{"RANK", "NODE", "KIND", "MODEL", "LOAD", "CAPACITY", "ADVERT", "WHY NOT / NOTES"}}
 	for _, d := range rt.Decisions {
 		rank := "-"
 		if d.Candidate {
@@ -191,7 +191,8 @@ func renderRoute(rt admin.Route) string {
 		if d.Candidate {
 			why = strings.Join(d.Notes, "; ")
 		}
-		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, advert, dash(why)})
+		capacity := strings.TrimPrefix(capacityText(d.Capacity), ", ")
+		rows = append(rows, []string{rank, d.Node, d.Kind, dash(d.Model), load, dash(capacity), advert, dash(why)})
 	}
 	b.WriteString(table(rows))
 	for _, h := range rt.Hints {

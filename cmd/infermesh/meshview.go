@@ -108,7 +108,7 @@ func meshRoleText(self bool, r admin.MeshRole) string {
 }
 
 // capacityText is an instance's capacity as ", 2/4 slots, 1 queued, kv
-// 42%" (what is known of it), "" when nothing is.
+// 42%, cache hit 73%" (what is known of it), "" when nothing is.
 func capacityText(c *admin.Capacity) string {
 	if c == nil {
 		return ""
@@ -124,6 +124,9 @@ func capacityText(c *admin.Capacity) string {
 	}
 	if c.KVUsage > 0 {
 		s += fmt.Sprintf(", kv %d%%", int(c.KVUsage*100+0.5))
+	}
+	if c.CacheHitRatio != nil {
+		s += fmt.Sprintf(", cache hit %d%%", int(*c.CacheHitRatio*100+0.5))
 	}
 	return s
 }

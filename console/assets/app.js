@@ -42,12 +42,14 @@ function until(iso) {
   return "in " + Math.round(s / 86400) + "d";
 }
 
-// capText is an instance's capacity: ", 2/4 slots, 1 queued, kv 42%".
+// capText is an instance's capacity: ", 2/4 slots, 1 queued, kv 42%,
+// cache hit 73%".
 function capText(c) {
   if (!c) return "";
   let s = c.slots > 0 ? `, ${c.running}/${c.slots} slots` : `, ${c.running} running`;
   if (c.waiting > 0) s += `, ${c.waiting} queued`;
   if (c.kv_usage > 0) s += `, kv ${Math.round(c.kv_usage * 100)}%`;
+  if (c.cache_hit_ratio !== undefined) s += `, cache hit ${Math.round(c.cache_hit_ratio * 100)}%`;
   return s;
 }
 

@@ -267,7 +267,7 @@ func changeLoad(c *meshbench.Cluster, d time.Duration) (stop func(), loads func(
 			mu.Unlock()
 			c.Tables[0].SetLocalLoad(meshbench.Role, k)
 			c.Tables[0].SetLocalCapacity(meshbench.Role, placement.Capacity{Slots: 8, Running: min(k%12, 8), Waiting: k % 12 / 9 * (k % 4),
-				KVUsage: float32(k%10) / 10, CacheTokens: 1 << 17})
+				KVUsage: float32(k%10) / 10, CacheTokens: 1 << 17, CacheHit: float32(k%7) / 8, HasCacheHit: true})
 		}
 	}()
 	var once sync.Once

@@ -110,7 +110,7 @@ func (f *Fake) MeshView(context.Context) (admin.MeshView, error) {
 		{Name: "b", State: admin.PeerAdmitted, Scope: "full", Version: "v1.2.3", StartedAt: at(-2 * time.Hour), CertExpires: at(3 * time.Hour),
 			LastHeard: at(-2 * time.Second), RTTMillis: 0.42,
 			Roles: []admin.MeshRole{{Name: "chat", Model: "llama-3-8b", ServesUs: true, Load: 1, InFlight: &two,
-				Capacity: &admin.Capacity{Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.42}}}},
+				Capacity: &admin.Capacity{Slots: 4, Running: 2, Waiting: 1, KVUsage: 0.42, CacheHitRatio: &fakeHitRatio}}}},
 		{Name: "c", State: admin.PeerAdmitted, Scope: "full", InfoError: "c answered the info call with 404 Not Found", CertExpires: at(-time.Minute),
 			LastHeard: at(-75 * time.Second), RTTMillis: 1.5,
 			Roles: []admin.MeshRole{{Name: "chat", Model: "llama-3-8b", Why: []string{"not_allowlisted"}, Load: 4}}},
@@ -150,7 +150,8 @@ func (f *Fake) Route(_ context.Context, role string) (admin.Route, error) {
 		Decisions: []admin.Decision{
 			{Node: "a", Kind: "local", Candidate: true, Rank: 0, Model: "llama-3-8b"},
 			{Node: "b", Kind: "remote", Candidate: true, Rank: 1, Model: "llama-3-8b", Load: 2, HasAdvert: true, AgeSeconds: 3.5,
-				Notes: []string{"cooled down until 2026-03-04T05:07:07Z after 3 failure(s): tried last"}},
+				Capacity: &admin.Capacity{Slots: 4, Running: 2, KVUsage: 0.42, CacheHitRatio: &fakeHitRatio},
+				Notes:    []string{"cooled down until 2026-03-04T05:07:07Z after 3 failure(s): tried last"}},
 			{Node: "c", Kind: "remote", Rank: -1, Reasons: []string{"node not allowlisted for role", "advertisement expired"}, Model: "llama-3-8b", HasAdvert: true, AgeSeconds: 75},
 		},
 	}, nil
