@@ -96,6 +96,7 @@ type target struct {
 	mu   sync.Mutex
 	seq  uint64
 	base int64
+	at   time.Time // when seq was first seen
 }
 
 // maxTargets bounds the targets kept per role: past it, peers that came
@@ -185,20 +186,42 @@ func targetOf(c placement.Candidate) string {
 func (rt *router) takeReport(role, node string, seq uint64) {
 	t := rt.target(role, node)
 	t.mu.Lock()
-	t.seq, t.base = seq, t.mine.Load()
+	t.seq, t.base, t.at = seq, t.mine.Load(), time.Now()
 	t.mu.Unlock()
 }
 
 // reported is this node's count in flight to t when the load held under
 // seq was taken: as noted, or, for a seq not seen before (an advert that
-// arrived since), mine now.
-func (t *target) reported(seq uint64, mine int64) int64 {
+// arrived since), mine now; and how long ago that seq was first seen.
+func (t *target) reported(seq uint64, mine int64, now time.Time) (int64, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.seq != seq {
-		t.seq, t.base = seq, mine
+		t.seq, t.base, t.at = seq, mine, now
 	}
-	return t.base
+	return t.base, now.Sub(t.at)
+}
+
+// staleLoad is how old a peer's load may be before a full peer this node
+// has nothing in flight to is given room for one request: an answer is
+// the only report a peer sends between its adverts (seconds apart), so a
+// peer left alone because it looked full would look full until its next
+// advert, idle all along. The one request's answer brings a fresh report;
+// until it does, the peer looks full again. The scrape's interval: the
+// serving agent's own view is no fresher.
+const staleLoad = 250 * time.Millisecond
+
+// peerInFlight is a peer's requests in flight as this node holds them:
+// the others' (the held load, less what this node had in flight when it
+// was taken) plus this node's now; a full peer's others' capped below its
+// slots when the load is older than staleLoad and this node has none in
+// flight to it.
+func peerInFlight(held, base, mine int64, age time.Duration, slots uint32) uint32 {
+	others := max(held-base, 0)
+	if s := int64(slots); mine == 0 && age > staleLoad && s > 0 && others >= s {
+		others = s - 1
+	}
+	return clampU32(others + mine)
 }
 
 // routeReq is one request's routing: its prompt, its decision, and what
@@ -293,6 +316,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 	rt, s := p.router, rr.s
 	s.cands, s.keys = s.cands[:0], s.keys[:0]
 	targets := rt.roleTargets(role)
+	now := time.Now()
 	for _, c := range cands {
 		// Running and Waiting stay 0: the counts below are brought up
 		// to now, which the instance's own (a scrape or a report old)
@@ -314,7 +338,8 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 			// flight to it then; what this node has now replaces that.
 			mine := tg.mine.Load()
 			held := max(int64(c.Load), int64(c.Capacity.Running)+int64(c.Capacity.Waiting))
-			rc.InFlight = clampU32(max(held-tg.reported(c.LoadSeq, mine), 0) + mine)
+			base, age := tg.reported(c.LoadSeq, mine, now)
+			rc.InFlight = peerInFlight(held, base, mine, age, rc.Slots)
 			if p.cfg.RTT != nil {
 				rc.RTT = p.cfg.RTT(c.Node).Truncate(rttStep)
 			}
@@ -332,7 +357,7 @@ func (p *Proxy) decide(role string, cfg RouteConfig, cands []placement.Candidate
 		rt.index.FillCached(s.keys, rr.blocks, blockTokens, s.cands)
 	}
 	if req.Key != 0 && cfg.Policy == routing.PolicyAuto && !cfg.PlainAffinity {
-		req.Place = targets.placer.Place(s.cands, req.Key, time.Now())
+		req.Place = targets.placer.Place(s.cands, req.Key, now)
 	}
 	d := routing.Decide(cfg.Policy, s.cands, req, cfg.Params, s.order, s.ests)
 	s.order, s.ests = d.Order, d.Estimates

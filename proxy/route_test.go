@@ -41,10 +41,14 @@ func (o *outcomes) byID(id string) (Outcome, bool) {
 	return Outcome{}, false
 }
 
-// mutableResolver returns what set last set.
+// mutableResolver returns what set last set; with fresh, each answer
+// gives the peers a new LoadSeq, as if an advert or a load report had
+// just come (their loads are never older than staleLoad).
 type mutableResolver struct {
-	mu sync.Mutex
-	c  []placement.Candidate
+	mu    sync.Mutex
+	c     []placement.Candidate
+	fresh bool
+	seq   uint64
 }
 
 func (m *mutableResolver) set(c ...placement.Candidate) {
@@ -56,7 +60,16 @@ func (m *mutableResolver) set(c ...placement.Candidate) {
 func (m *mutableResolver) Resolve(string) []placement.Candidate {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]placement.Candidate(nil), m.c...)
+	out := append([]placement.Candidate(nil), m.c...)
+	if m.fresh {
+		m.seq++
+		for i := range out {
+			if out[i].Kind == placement.KindRemote {
+				out[i].LoadSeq = m.seq
+			}
+		}
+	}
+	return out
 }
 
 // gate is an instance whose answers wait until released, by request id;
@@ -305,6 +318,7 @@ func TestRouteLocalFirstKeepsTheOrder(t *testing.T) {
 // gets 503 server_busy with Retry-After.
 func TestRouteQueue(t *testing.T) {
 	e := newRouteEnv(t, RouteConfig{QueueMax: 3, QueueTimeout: 20 * time.Second})
+	e.res.fresh = true // b's load stays current: full means full
 	long := e.send(t.Context(), "long")
 	wait(t, "long at the local instance", func() bool { return e.local.has("long") })
 	// b full too: one slot, one in flight (as its adverts say).
@@ -354,6 +368,7 @@ func TestRouteQueue(t *testing.T) {
 
 	// A wait past the timeout.
 	e2 := newRouteEnv(t, RouteConfig{QueueMax: 1, QueueTimeout: 100 * time.Millisecond})
+	e2.res.fresh = true
 	held := e2.send(t.Context(), "held")
 	wait(t, "held at the local instance", func() bool { return e2.local.has("held") })
 	cands = e2.res.Resolve("chat")
@@ -416,6 +431,52 @@ func TestRoutePeerLoadCountsMineOnce(t *testing.T) {
 	defer done4()
 	if got := inFlight(cand(2, 2, 8)); got != 3 {
 		t.Errorf("one sent after the advert: %d, want 3", got)
+	}
+}
+
+// A full peer's load, held longer than staleLoad with nothing of this
+// node's in flight to it, leaves room for one request (whose answer
+// reports afresh); with one in flight, or fresh, or not full, it counts
+// as held.
+func TestRoutePeerStaleFullLoadLeavesRoomForOne(t *testing.T) {
+	old := staleLoad + time.Millisecond
+	for _, tt := range []struct {
+		held, base, mine int64
+		age              time.Duration
+		slots            uint32
+		want             uint32
+	}{
+		{7, 0, 0, old, 4, 3},       // full and stale: room for one
+		{7, 0, 1, old, 4, 8},       // the one sent: full again until its answer
+		{7, 0, 0, staleLoad, 4, 7}, // fresh enough
+		{3, 0, 0, old, 4, 3},       // not full: as held
+		{7, 0, 0, old, 0, 7},       // slots unknown: as held
+		{9, 2, 0, old, 4, 3},       // the others' 7, of 4 slots
+		{5, 2, 0, old, 4, 3},       // the others' 3: not full
+	} {
+		if got := peerInFlight(tt.held, tt.base, tt.mine, tt.age, tt.slots); got != tt.want {
+			t.Errorf("peerInFlight(held %d, base %d, mine %d, age %v, slots %d) = %d, want %d", tt.held, tt.base, tt.mine, tt.age, tt.slots, got, tt.want)
+		}
+	}
+	// Through decide: b's report says full; c is busier. Once the report
+	// is older than staleLoad, b is no longer full and goes first.
+	p := &Proxy{router: newRouter()}
+	cands := []placement.Candidate{
+		{Kind: placement.KindRemote, Node: "b", Load: 6, LoadSeq: 3, Capacity: placement.Capacity{Slots: 4, Running: 4, Waiting: 2}},
+		{Kind: placement.KindRemote, Node: "c", Load: 4, LoadSeq: 4, Capacity: placement.Capacity{Slots: 4, Running: 4}},
+	}
+	decide := func() routing.Decision {
+		rr := &routeReq{s: &routeScratch{}}
+		return p.decide("chat", RouteConfig{Policy: routing.PolicyAuto}, cands, routing.Request{}, rr)
+	}
+	if d := decide(); !d.Full || d.Order[0] != 1 {
+		t.Fatalf("fresh: full %v, first %s; want full, c first", d.Full, cands[d.Order[0]].Node)
+	}
+	// The condition is time itself: the reports must be older than
+	// staleLoad.
+	time.Sleep(old)
+	if d := decide(); d.Full || d.Order[0] != 0 {
+		t.Errorf("stale: full %v, first %s; want b first (room for one), not full", d.Full, cands[d.Order[0]].Node)
 	}
 }
 

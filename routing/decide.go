@@ -269,10 +269,10 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 		return cmp.Compare(a, b)
 	})
 	best := d.Estimates[d.Order[0]].Total
-	within := func(i int) bool {
-		t := d.Estimates[i].Total
+	withinTotal := func(t time.Duration) bool {
 		return t-best <= p.AbsMargin || float64(t) <= p.RelMargin*float64(best)
 	}
+	within := func(i int) bool { return withinTotal(d.Estimates[i].Total) }
 	local := -1
 	for i := range cands {
 		if cands[i].Local {
@@ -293,13 +293,25 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 	// A placed key (Request.Place) goes to its node, the local instance
 	// or a peer, within the margin: the placement already gave the local
 	// instance its share of the keys.
+	//
+	// A placed node is judged as if it held the prompt as well as the
+	// warmest candidate does: a node the placement has just given the key
+	// (a join, a rebalance) lacks its cache only until its first request,
+	// and left to the margin it would never get that one while another
+	// node holds the prefix: the key would stay with whichever node had
+	// it first, and the placement's balance would hold on paper only.
+	// Its queue, its network and its failures still count.
+	affineOK := d.Affine >= 0 && (within(d.Affine) || (placed && withinTotal(warmTotal(p, cands, d.Affine, req.Tokens, d.Estimates))))
 	localFirst := local >= 0 && within(local) && (d.Affine < 0 || d.Affine == local ||
 		(!placed && d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))
 	switch {
+	case placed && d.Affine == local && affineOK:
+		d.Reason = ReasonLocal
+		moveFirst(d.Order, local)
 	case localFirst:
 		d.Reason = ReasonLocal
 		moveFirst(d.Order, local)
-	case d.Affine >= 0 && within(d.Affine):
+	case affineOK:
 		d.Reason = ReasonAffinity
 		moveFirst(d.Order, d.Affine)
 	case local >= 0 && within(local):
@@ -311,6 +323,21 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 		d.Reason = ReasonLeastTTFT
 	}
 	return d
+}
+
+// warmTotal is cands[i]'s estimated total as if it held as much of the
+// prompt as the warmest candidate (ests) does.
+func warmTotal(p Params, cands []Cand, i, tokens int, ests []Estimate) time.Duration {
+	warm := 0
+	for _, e := range ests {
+		warm = max(warm, e.Cached)
+	}
+	if warm <= ests[i].Cached {
+		return ests[i].Total
+	}
+	c := cands[i]
+	c.CachedTokens = warm
+	return p.estimate(&c, tokens).Total
 }
 
 // loadShare is PolicyLeastLoaded's key after the penalties: occupancy

@@ -11,10 +11,10 @@ import (
 // Placer places a role's affinity keys on its candidates by rendezvous
 // hashing bounded by load (consistent hashing with bounded loads): each
 // key takes the first node in its rendezvous order whose share of the
-// keys' recent requests stays within 1.25 times its fair share (by
-// slots), the least loaded when none has room. Plain rendezvous puts, by chance, 9 of 16
-// tenants on one of three peers, which then cannot keep up, or cannot
-// cache them all, at a load the others idle through.
+// keys' recent requests stays within 1.1 times its fair share (by
+// slots), the least loaded when none has room. Plain rendezvous puts, by
+// chance, 9 of 16 tenants on one of three peers, which then cannot keep
+// up, or cannot cache them all, at a load the others idle through.
 //
 // No node talks to another about it: each places from the keys it sees,
 // weighted by their recent requests (decayed with PlaceHalfLife), and the
@@ -52,11 +52,21 @@ const (
 	// for room before it takes the least loaded node.
 	placeTries = 8
 	// placeSlack is how far over its fair share a node's load may go
-	// (Mirrokni, Thorup and Zadimoghaddam's 1+ε, at Vimeo's ε = 0.25):
+	// (Mirrokni, Thorup and Zadimoghaddam's 1+ε; Vimeo runs ε = 0.25):
 	// below it a key stays on its first node, so only a real pile-up
-	// moves keys and consumers that see a few requests more or less
-	// still agree.
-	placeSlack = 1.25
+	// moves keys. ε = 0.1 because tenants are few: 16 over four nodes
+	// at 1.25 lets one take 5, a quarter over its capacity when the
+	// mesh runs at capacity, where 1.1 gives each 4 (what a router that
+	// sees every request does); agreement between consumers comes from
+	// the rounded weights, not from the slack.
+	placeSlack = 1.1
+	// placePrior is the requests every key is counted as having had
+	// beyond its own when weights are rounded: a key seen a few times is
+	// not yet heavier or lighter than the rest (Poisson noise at a mean
+	// of 3 reaches twice the mean one time in ten; with 8 more on both
+	// sides, about never), while a tenant seen hundreds of times is
+	// weighed by its own count.
+	placePrior = 8.0
 )
 
 type keyWeight struct {
@@ -225,12 +235,13 @@ func nodesOf(cands []Cand) []placeNode {
 
 // rounded is w as a power of four of mean, from 1/16 to 64 times it: a
 // tenant counts as heavier or lighter than the rest only at twice or half
-// the mean, which the noise of a few requests does not reach.
+// the mean, which the noise of a few requests does not reach (both with
+// placePrior added, so that a few requests alone never do).
 func rounded(w, mean float64) float64 {
 	if mean <= 0 || w <= 0 {
 		return 1
 	}
-	e := min(max(math.Round(math.Log2(w/mean)/2), -2), 3)
+	e := min(max(math.Round(math.Log2((w+placePrior)/(mean+placePrior))/2), -2), 3)
 	return math.Exp2(2 * e)
 }
 
