@@ -108,10 +108,7 @@ type Agent struct {
 	// not come through this agent, as its engine last counted them
 	// (capacity.go): role -> *atomic.Int64.
 	external sync.Map
-	// cacheHits is, per role, the local instance's prefix cache hit
-	// ratio (float64) as its metrics last said (capacity.go).
-	cacheHits sync.Map
-	tracing   *telemetry.Tracing // nil unless telemetry.otlp_endpoint; Run shuts it down
+	tracing  *telemetry.Tracing // nil unless telemetry.otlp_endpoint; Run shuts it down
 
 	mu        sync.Mutex
 	addrs     map[string]net.Addr // role -> bound proxy address

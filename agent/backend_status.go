@@ -354,8 +354,7 @@ func adminCapacity(c placement.Capacity) *admin.Capacity {
 		return nil
 	}
 	ac := &admin.Capacity{Slots: c.Slots, Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage}
-	if c.HasCacheHit {
-		h := float64(c.CacheHit)
+	if h, ok := c.CacheHitRatio(); ok {
 		ac.CacheHitRatio = &h
 	}
 	return ac

@@ -115,7 +115,6 @@ func (a *Agent) watchCapacity(ctx context.Context) {
 			if _, ok := locals[role]; !ok {
 				delete(roles, role)
 				a.metrics.ForgetCapacity(role)
-				a.cacheHits.Delete(role)
 			}
 		}
 		for role, l := range locals {
@@ -178,7 +177,6 @@ func (a *Agent) updateCapacity(ctx context.Context, client *http.Client, role st
 			if st.HasPrefix {
 				rc.prefix.add(st.PrefixQueries, st.PrefixHits, now)
 				if r, ok := rc.prefix.ratio(); ok {
-					a.cacheHits.Store(role, r)
 					c.CacheHit, c.HasCacheHit = placement.RoundCacheHit(r), true
 				}
 			}
@@ -274,13 +272,11 @@ func (a *Agent) externalOf(role string) *atomic.Int64 {
 }
 
 // cacheHitRatio is role's local instance's prefix cache hit ratio over
-// recent minutes, from its metrics; false when they say none (llama.cpp,
-// no metrics, nothing looked up yet).
+// recent minutes, as its capacity carries it (in hundredths, from its
+// last scrape); false when its metrics say none (llama.cpp, no metrics,
+// nothing looked up yet).
 func (a *Agent) cacheHitRatio(role string) (float64, bool) {
-	if v, ok := a.cacheHits.Load(role); ok {
-		return v.(float64), true
-	}
-	return 0, false
+	return a.table.LocalCapacity(role).CacheHitRatio()
 }
 
 // externalLoad is the requests at role's local instance that did not come

@@ -171,6 +171,13 @@ type Capacity struct {
 	HasCacheHit             bool
 }
 
+// CacheHitRatio is CacheHit as a float64 in hundredths (a float32's
+// 0.73 read back as 0.73, not 0.7300000190734863); false unless
+// HasCacheHit.
+func (c Capacity) CacheHitRatio() (float64, bool) {
+	return math.Round(float64(c.CacheHit)*100) / 100, c.HasCacheHit
+}
+
 // RoundCacheHit is a cache hit ratio as capacities carry it: in hundredths,
 // clamped to 0..1 (NaN is 0), so that a ratio that drifts in its third
 // digit does not read as a change of load.

@@ -472,9 +472,13 @@ func TestRoutePeerStaleFullLoadLeavesRoomForOne(t *testing.T) {
 	if d := decide(); !d.Full || d.Order[0] != 1 {
 		t.Fatalf("fresh: full %v, first %s; want full, c first", d.Full, cands[d.Order[0]].Node)
 	}
-	// The condition is time itself: the reports must be older than
-	// staleLoad.
-	time.Sleep(old)
+	// Both loads were first seen a staleLoad ago.
+	for _, n := range []string{"b", "c"} {
+		tg := p.router.target("chat", n)
+		tg.mu.Lock()
+		tg.at = tg.at.Add(-old)
+		tg.mu.Unlock()
+	}
 	if d := decide(); d.Full || d.Order[0] != 0 {
 		t.Errorf("stale: full %v, first %s; want b first (room for one), not full", d.Full, cands[d.Order[0]].Node)
 	}

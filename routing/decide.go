@@ -302,12 +302,11 @@ func Decide(policy Policy, cands []Cand, req Request, p Params, order []int, est
 	// it first, and the placement's balance would hold on paper only.
 	// Its queue, its network and its failures still count.
 	affineOK := d.Affine >= 0 && (within(d.Affine) || (placed && withinTotal(warmTotal(p, cands, d.Affine, req.Tokens, d.Estimates))))
-	localFirst := local >= 0 && within(local) && (d.Affine < 0 || d.Affine == local ||
-		(!placed && d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))
+	// (Only a placement makes the local instance the key's node: plain
+	// rendezvous is over the peers.)
+	localFirst := local >= 0 && ((d.Affine == local && affineOK) || (within(local) && (d.Affine < 0 ||
+		(!placed && d.Estimates[local].Cached > 0 && d.Estimates[local].Cached >= d.Estimates[d.Affine].Cached))))
 	switch {
-	case placed && d.Affine == local && affineOK:
-		d.Reason = ReasonLocal
-		moveFirst(d.Order, local)
 	case localFirst:
 		d.Reason = ReasonLocal
 		moveFirst(d.Order, local)
