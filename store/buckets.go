@@ -65,7 +65,7 @@ var (
 )
 
 // registry is every bucket Open creates and migrates.
-var registry = []BucketID{bucketOverrides, bucketMeta, MeshPeers, MeshSeqs, AgentAudit, ProvisionIntents, NodeIntents}
+var registry = []BucketID{bucketOverrides, bucketMeta, bucketClients, MeshPeers, MeshSeqs, AgentAudit, ProvisionIntents, NodeIntents}
 
 // Buckets returns every registered bucket.
 func Buckets() []BucketID { return append([]BucketID(nil), registry...) }

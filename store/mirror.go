@@ -40,6 +40,9 @@ var ErrDiverged = errors.New("state store and its policy mirror disagree")
 type mirror struct {
 	Generation uint64     `json:"generation"`
 	Overrides  []Override `json:"overrides"`
+	// Clients are the proxy's clients (clients.go); absent when there
+	// are none, so a mirror written before clients existed still sums.
+	Clients []Client `json:"clients,omitempty"`
 }
 
 type mirrorFile struct {
@@ -86,7 +89,13 @@ func readMirror(path string) (m mirror, ok bool, err error) {
 			return mirror{}, true, &CorruptError{path, err.Error()}
 		}
 	}
+	for _, c := range f.Clients {
+		if err := c.validate(); err != nil {
+			return mirror{}, true, &CorruptError{path, err.Error()}
+		}
+	}
 	sortOverrides(f.Overrides)
+	sortClients(f.Clients)
 	return f.mirror, true, nil
 }
 
@@ -97,6 +106,7 @@ func writeMirror(path string, m mirror) error {
 		m.Overrides = []Override{}
 	}
 	sortOverrides(m.Overrides)
+	sortClients(m.Clients)
 	sum, err := m.sum()
 	if err != nil {
 		return err
@@ -170,7 +180,11 @@ func (s *Store) commitMirror(tx *bbolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	return writeMirror(s.mirror, mirror{Generation: gen, Overrides: cur})
+	cs, err := txClients(tx)
+	if err != nil {
+		return err
+	}
+	return writeMirror(s.mirror, mirror{Generation: gen, Overrides: cur, Clients: cs})
 }
 
 // reconcile compares the database with its mirror at Open (in the
@@ -181,18 +195,22 @@ func (s *Store) reconcile(tx *bbolt.Tx, m mirror, haveMirror bool) (note string,
 	if err != nil {
 		return "", &CorruptError{s.path, err.Error()}
 	}
+	cs, err := txClients(tx)
+	if err != nil {
+		return "", &CorruptError{s.path, err.Error()}
+	}
 	switch {
 	case !haveMirror:
 		// A store from before the mirror, or a mirror removed by hand: the
 		// database is all there is; mirror it.
-		if err := writeMirror(s.mirror, mirror{Generation: gen, Overrides: cur}); err != nil {
+		if err := writeMirror(s.mirror, mirror{Generation: gen, Overrides: cur, Clients: cs}); err != nil {
 			return "", err
 		}
 		if len(cur) > 0 {
 			return fmt.Sprintf("policy mirror %s written from the state store (%d overrides)", s.mirror, len(cur)), nil
 		}
 		return "", nil
-	case m.Generation == gen && sameOverrides(m.Overrides, cur):
+	case m.Generation == gen && sameOverrides(m.Overrides, cur) && sameClients(m.Clients, cs):
 		return "", nil
 	case m.Generation == gen+1:
 		// The crash window: the mirror has the change the database did not
@@ -202,8 +220,8 @@ func (s *Store) reconcile(tx *bbolt.Tx, m mirror, haveMirror bool) (note string,
 		}
 		return fmt.Sprintf("state store %s was one change behind its policy mirror (a stop during a change); the mirror's overrides applied", s.path), nil
 	default:
-		return "", fmt.Errorf("%w: %s is at generation %d with %d overrides, %s at generation %d with %d: start with -reset-state to restore the mirror's overrides (the database is kept aside)",
-			ErrDiverged, s.path, gen, len(cur), s.mirror, m.Generation, len(m.Overrides))
+		return "", fmt.Errorf("%w: %s is at generation %d with %d overrides and %d clients, %s at generation %d with %d and %d: start with -reset-state to restore the mirror's overrides (the database is kept aside)",
+			ErrDiverged, s.path, gen, len(cur), len(cs), s.mirror, m.Generation, len(m.Overrides), len(m.Clients))
 	}
 }
 
@@ -223,8 +241,12 @@ func normalized(os []Override) []Override {
 	return out
 }
 
-// replaceOverrides makes the database's overrides and generation m's.
+// replaceOverrides makes the database's overrides, clients and generation
+// m's.
 func replaceOverrides(tx *bbolt.Tx, m mirror) error {
+	if err := replaceClients(tx, m.Clients); err != nil {
+		return err
+	}
 	if err := tx.DeleteBucket(bucketOverrides.key()); err != nil {
 		return err
 	}

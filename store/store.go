@@ -5,7 +5,8 @@
 // that they survive a restart, and the records of the packages above it
 // (the mesh's peers and sequence numbers, the agent's audit history, the
 // instance and node intents), each reached through a typed handle on its
-// own bucket (Bucket). It imports nothing of ours.
+// own bucket (Bucket); and the proxy's clients (clients.go), kept like the
+// policy, with the mirror. It imports nothing of ours.
 //
 // # Precedence
 //
@@ -337,7 +338,7 @@ func reset(path string, opts Options, why error) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(m.Overrides) > 0 || m.Generation > 0 {
+	if len(m.Overrides) > 0 || len(m.Clients) > 0 || m.Generation > 0 {
 		err = s.db.Update(func(tx *bbolt.Tx) error {
 			if err := replaceOverrides(tx, m); err != nil {
 				return err
@@ -349,7 +350,7 @@ func reset(path string, opts Options, why error) (*Store, error) {
 			return nil, fmt.Errorf("state store %s: restore the mirror's overrides: %w", path, err)
 		}
 	}
-	restored := fmt.Sprintf("new state store with the policy mirror's %d overrides", len(m.Overrides))
+	restored := fmt.Sprintf("new state store with the policy mirror's %d overrides and %d clients", len(m.Overrides), len(m.Clients))
 	if merr != nil {
 		restored = "new state store with no run-time overrides: the policy mirror was damaged too (" + merr.Error() + ")"
 	}
