@@ -3,6 +3,8 @@ package proxy
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/infermesh/infermesh/clients"
 )
 
 // APIError is an error in the OpenAI wire shape:
@@ -19,6 +21,11 @@ type APIError struct {
 	// RetryAfter, when positive, is sent as Retry-After (seconds): the
 	// condition is expected to pass (an instance starting, memory freed).
 	RetryAfter int
+	// RetryAfterMs, when positive, is sent as retry-after-ms, which
+	// OpenAI's SDKs prefer to Retry-After's whole seconds.
+	RetryAfterMs int64
+	// Headers are sent as well (a client's rate-limit headers).
+	Headers []clients.Header
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -123,6 +130,12 @@ func WriteError(w http.ResponseWriter, e *APIError) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if e.RetryAfterMs > 0 {
+		h["Retry-After-Ms"] = []string{strconv.FormatInt(e.RetryAfterMs, 10)}
+	}
+	for _, x := range e.Headers {
+		h[x.Name] = []string{x.Value}
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(body)

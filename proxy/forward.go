@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/clients"
 	"github.com/infermesh/infermesh/internal/jsonskip"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/routing"
@@ -34,7 +35,11 @@ type attemptError struct {
 //
 // forward owns buf, the request body: it releases it once a response is
 // chosen, so a long stream does not hold it. asked must not point into it.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source string, buf *bodyBuf, asked []byte, cands []placement.Candidate) {
+//
+// tk is the client an app's request was admitted as (the zero Ticket for a
+// peer's): its priority orders the role's queue, its name crosses the hop,
+// and the request's end is charged to it (done).
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source string, buf *bodyBuf, asked []byte, cands []placement.Candidate, tk clients.Ticket) {
 	body := buf.b
 	released := false
 	release := func() {
@@ -45,19 +50,24 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 	}
 	defer release()
 	start := time.Now()
+	base := Outcome{Role: role, Source: source, ticket: tk, bodyLen: len(body)}
+	outcome := func(o Outcome) Outcome {
+		o.Role, o.Source, o.ticket, o.bodyLen = base.Role, base.Source, base.ticket, base.bodyLen
+		return o
+	}
 	var last *attemptError
 	tried := 0 // candidates sent the request
 	var rr *routeReq
 	if source == sourceApp && len(cands) > 1 {
 		var apiErr *APIError
-		cands, rr, apiErr = p.route(r, role, body, cands)
+		cands, rr, apiErr = p.route(r, role, body, cands, tk.Priority())
 		if cands == nil {
 			if apiErr == nil { // the client went away while queued
-				p.done(r, Outcome{Role: role, Source: source, Status: 499, Aborted: true}, start)
+				p.done(r, outcome(Outcome{Status: 499, Aborted: true}), start)
 				return
 			}
 			WriteError(w, apiErr)
-			p.done(r, Outcome{Role: role, Source: source, Status: apiErr.Status}, start)
+			p.done(r, outcome(Outcome{Status: apiErr.Status}), start)
 			return
 		}
 		defer rr.release(p.router)
@@ -110,7 +120,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 			if rr != nil {
 				p.kick(role)
 			}
-			resp, err = p.roundTripRemote(r, role, body, c)
+			resp, err = p.roundTripRemote(r, role, body, c, tk.Name())
 		default:
 			continue
 		}
@@ -125,7 +135,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 		if err != nil {
 			if r.Context().Err() != nil {
 				// The client went away; nobody is left to answer.
-				p.done(r, Outcome{Role: role, Target: target, Source: source, Status: 499, Aborted: true, Attempts: i + 1, Route: route}, start)
+				p.done(r, outcome(Outcome{Target: target, Status: 499, Aborted: true, Attempts: i + 1, Route: route}), start)
 				return
 			}
 			if rt != nil {
@@ -170,7 +180,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 				rr.info.Reason = string(routing.ReasonFailover)
 			}
 		}
-		p.respond(w, r, role, source, target, resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start, tried, route)
+		p.respond(w, r, outcome(Outcome{Target: target, Attempts: tried, Route: route}), resp, asked, c.Kind == placement.KindLocal && c.Model != "", c.Kind == placement.KindRemote, start)
 		if rr != nil {
 			rr.finish(p.router, role, c, i, time.Since(t0))
 		}
@@ -178,14 +188,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, role, source str
 	}
 	if last == nil {
 		WriteError(w, errNoInstance(role))
-		p.done(r, Outcome{Role: role, Source: source, Status: http.StatusServiceUnavailable, Attempts: tried, Route: route}, start)
+		p.done(r, outcome(Outcome{Status: http.StatusServiceUnavailable, Attempts: tried, Route: route}), start)
 		return
 	}
 	WriteError(w, last.api)
-	p.done(r, Outcome{Role: role, Target: last.target, Source: source, Status: last.api.Status, Attempts: tried, Route: route}, start)
+	p.done(r, outcome(Outcome{Target: last.target, Status: last.api.Status, Attempts: tried, Route: route}), start)
 }
 
 func (p *Proxy) done(r *http.Request, o Outcome, start time.Time) {
+	if o.ticket != (clients.Ticket{}) {
+		o.ticket.Done(charged(o, o.bodyLen))
+	}
 	obs := p.cfg.Observer
 	if obs == nil && p.cfg.Tracer == nil {
 		return
@@ -310,7 +323,7 @@ func (p *Proxy) roundTripLocal(r *http.Request, role string, body []byte, m json
 	return p.up.roundTrip(r.Context(), in.dial, req.b, replayable(r.Header))
 }
 
-func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c placement.Candidate) (*http.Response, error) {
+func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c placement.Candidate, client string) (*http.Response, error) {
 	out := getBodyBuf()
 	out.b = append(out.b[:0], body...)
 	defer out.release()
@@ -318,6 +331,9 @@ func (p *Proxy) roundTripRemote(r *http.Request, role string, body []byte, c pla
 	u := &url.URL{Scheme: "https", Host: c.Node, Path: r.URL.Path}
 	req := p.outRequest(r, u, out, true)
 	req.Header[RoleHeader] = []string{role}
+	if client != "" {
+		req.Header[ClientHeader] = []string{client}
+	}
 	if _, ok := req.Header["User-Agent"]; !ok {
 		// An empty value sends none: the HTTP/3 client would add its own,
 		// and the peer's instance would see it for the app's.
@@ -357,8 +373,9 @@ func (p *Proxy) outRequest(r *http.Request, u *url.URL, out *bodyBuf, mesh bool)
 // says resp is a peer agent's answer (target is the node it was verified
 // as): only PeerResponseHeaders pass, and the response names target as the
 // node that served it.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, target string, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time, tried int, route *RouteInfo) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, o Outcome, resp *http.Response, asked []byte, rewrite, peer bool, start time.Time) {
 	defer resp.Body.Close()
+	role, source, target := o.Role, o.Source, o.Target
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header, peer)
 	if peer {
@@ -372,7 +389,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	ct := headerValue(resp.Header, "Content-Type")
 	sse := strings.HasPrefix(ct, "text/event-stream")
 	isJSON := strings.HasPrefix(ct, "application/json")
-	o := Outcome{Role: role, Target: target, Source: source, Status: resp.StatusCode, Attempts: tried, Route: route}
+	o.Status = resp.StatusCode
 
 	var body io.Reader = resp.Body
 	pinStream := false // the answer's model is rewritten as it streams
@@ -394,7 +411,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 			return
 		}
 		if whole {
-			if p.cfg.Observer != nil && resp.StatusCode < 300 {
+			if p.meterUsage && resp.StatusCode < 300 {
 				o.PromptTokens, o.CompletionTokens, o.Usage = lastUsage(b)
 			}
 			b = rewriteModel(b, asked)
@@ -429,7 +446,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, role, source, ta
 	// and the tail, where the instance reports usage.
 	var dst io.Writer = w
 	var m *meter
-	if p.cfg.Observer != nil && resp.StatusCode < 300 && (sse || isJSON) {
+	if p.meterUsage && resp.StatusCode < 300 && (sse || isJSON) {
 		m = getMeter(w, sse, start)
 		defer m.release()
 		dst = m

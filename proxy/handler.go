@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/infermesh/infermesh/clients"
 	"github.com/infermesh/infermesh/internal/jsonskip"
 	"github.com/infermesh/infermesh/placement"
 )
@@ -92,35 +93,45 @@ func (p *Proxy) RoleHandler(role string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch route, e := routeApp(w, r); route {
 		case appModels:
+			if e := p.identify(w, r); e != nil {
+				WriteError(w, e)
+				return
+			}
 			p.serveModels(w, r, role)
 			return
 		case appRefused:
 			fail(w, r, e)
 			return
 		}
+		tk, apiErr := p.admit(w, r, role)
+		if apiErr != nil {
+			fail(w, r, apiErr)
+			return
+		}
 		buf, asked, apiErr := p.readModelRequest(r, roleLit)
 		if apiErr != nil {
+			tk.Done(0, 0)
 			fail(w, r, apiErr)
 			return
 		}
 		noteRequest(w, role, asked)
 		cands := p.resolveForApp(role)
-		if len(cands) == 0 && p.pinned(role, asked) {
+		var refused *APIError
+		switch {
+		case len(cands) == 0 && p.pinned(role, asked):
+			refused = errNoInstance(role)
+		case !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands):
+			refused = errModelNotFound(decodeModel(asked), role)
+		case len(cands) == 0:
+			refused = errNoInstance(role)
+		}
+		if refused != nil {
 			buf.release()
-			fail(w, r, errNoInstance(role))
+			tk.Done(0, 0)
+			fail(w, r, refused)
 			return
 		}
-		if !bytes.Equal(asked, roleLit) && !modelKnown(asked, cands) {
-			buf.release()
-			fail(w, r, errModelNotFound(decodeModel(asked), role))
-			return
-		}
-		if len(cands) == 0 {
-			buf.release()
-			fail(w, r, errNoInstance(role))
-			return
-		}
-		p.forward(w, r, role, sourceApp, buf, asked, cands)
+		p.forward(w, r, role, sourceApp, buf, asked, cands, tk)
 	})
 }
 
@@ -214,8 +225,11 @@ func (p *Proxy) PeerHandler(identify func(*http.Request) (string, bool), refused
 			return
 		}
 		noteRequest(w, role, asked)
+		if c := peerClient(r); c != "" {
+			noteClient(w, c, peer) // the consumer's word, not a proof
+		}
 		cand := []placement.Candidate{{Kind: placement.KindLocal, Base: local.Base, Model: local.Model}}
-		p.forward(w, r, role, sourcePeer, buf, asked, cand)
+		p.forward(w, r, role, sourcePeer, buf, asked, cand, clients.Ticket{})
 	}))
 }
 

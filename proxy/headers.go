@@ -61,7 +61,7 @@ func forwardable(k string, connNamed []string, mesh bool) bool {
 		return false
 	}
 	switch k {
-	case "Content-Length", "Host", RoleHeader, RefusedHeader:
+	case "Content-Length", "Host", RoleHeader, RefusedHeader, ClientHeader:
 		return false
 	}
 	return true

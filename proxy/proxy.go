@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/infermesh/infermesh/clients"
 	"github.com/infermesh/infermesh/placement"
 )
 
@@ -91,6 +92,11 @@ type Outcome struct {
 	// Route is how the candidate was chosen (route.go); nil when there
 	// was nothing to choose (one candidate, or a peer's request).
 	Route *RouteInfo
+
+	// ticket is the client the request is charged to when it ends, and
+	// bodyLen its body's size (the estimate of a prompt without usage).
+	ticket  clients.Ticket
+	bodyLen int
 }
 
 // Config configures a Proxy. Zero values mean the defaults.
@@ -174,6 +180,10 @@ type Config struct {
 	// to that instance, an app's or a peer's, in place of the app's own
 	// Authorization. It is read on each request, so a reload applies at once.
 	UpstreamKey func(role string) string
+	// Clients admits every app request as one of this host's clients,
+	// under its limits (clients.go). Nil: no client is known and every
+	// request is welcome.
+	Clients *clients.Registry
 	// NodeName is this node's name, sent in ServedByHeader. "": none.
 	NodeName string
 	// Listen binds the listener of a role port or of the shared port
@@ -274,6 +284,9 @@ type Proxy struct {
 	router  *router      // route.go
 	bodyMem *memBudget   // request bodies in flight
 	conns   *connLimiter // client connections of every role port
+	// meterUsage: responses are metered for their token usage (for the
+	// Observer, or for the clients' token limits).
+	meterUsage bool
 
 	mu      sync.Mutex
 	servers map[string]*roleServer // by role
@@ -320,6 +333,7 @@ func New(cfg Config) (*Proxy, error) {
 		bodyMem: &memBudget{max: cfg.MaxBodyMemory},
 		conns:   &connLimiter{max: int64(cfg.MaxConns)},
 		router:  newRouter(),
+		meterUsage: cfg.Observer != nil || cfg.Clients != nil,
 	}, nil
 }
 

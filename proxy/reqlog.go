@@ -82,6 +82,9 @@ type reqWriter struct {
 	model  []byte // the JSON literal the client asked for; set by the handler
 	role   string
 	route  *RouteInfo // how its candidate was chosen; set by forward
+	// client sent the request, according to clientNode ("": this host);
+	// set by the handler.
+	client, clientNode string
 }
 
 func (w *reqWriter) WriteHeader(status int) {
@@ -209,6 +212,12 @@ func (p *Proxy) traced(role, source string, h http.Handler) http.Handler {
 				zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", status),
 				zap.Duration("duration", time.Since(rw.start)), zap.Duration("ttfb", rw.ttfb),
 				zap.Int64("bytes", rw.bytes), zap.Bool("aborted", !finished)}
+			if rw.client != "" {
+				fields = append(fields, zap.String("client", rw.client))
+				if rw.clientNode != "" {
+					fields = append(fields, zap.String("client_node", rw.clientNode))
+				}
+			}
 			if rw.route != nil {
 				fields = append(fields, routeFields(rw.route, servedByTarget(servedBy, node))...)
 			}

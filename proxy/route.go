@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"maps"
+	"slices"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/infermesh/infermesh/clients"
 	"github.com/infermesh/infermesh/internal/prompt"
 	"github.com/infermesh/infermesh/placement"
 	"github.com/infermesh/infermesh/routing"
@@ -252,7 +254,10 @@ func (p *Proxy) resolveForApp(role string) []placement.Candidate {
 // one frees a slot. It returns the candidates in order, or an error to
 // answer with (a full queue, a timeout; nil cands with a nil error: the
 // client went away while queued).
-func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placement.Candidate) ([]placement.Candidate, *routeReq, *APIError) {
+//
+// prio is the client's priority: the queue holds high before normal
+// before low, first in first out within each.
+func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placement.Candidate, prio clients.Priority) ([]placement.Candidate, *routeReq, *APIError) {
 	cfg := RouteConfig{}
 	if p.cfg.Routing != nil {
 		cfg = p.cfg.Routing(role)
@@ -282,7 +287,7 @@ func (p *Proxy) route(r *http.Request, role string, body []byte, cands []placeme
 	dec := p.decide(role, cfg, cands, req, rr)
 	if cfg.QueueMax > 0 && (dec.Full || rt.queue(role).len() > 0) {
 		var apiErr *APIError
-		cands, dec, apiErr = p.waitForSlot(r, role, cfg, req, rr)
+		cands, dec, apiErr = p.waitForSlot(r, role, cfg, req, rr, prio)
 		if apiErr != nil || cands == nil {
 			rr.release(rt)
 			return nil, nil, apiErr
@@ -418,13 +423,13 @@ func (rr *routeReq) release(rt *router) {
 	rr.blocks = nil
 }
 
-// waitForSlot holds the request in role's queue, first in first out,
-// until a candidate has a free slot; the head decides again whenever a
+// waitForSlot holds the request in role's queue, by priority then first
+// in first out, until a candidate has a free slot; the head decides again whenever a
 // request of the role is dispatched or ends, a load report arrives, or
 // queueRecheck passes.
-func (p *Proxy) waitForSlot(r *http.Request, role string, cfg RouteConfig, req routing.Request, rr *routeReq) ([]placement.Candidate, routing.Decision, *APIError) {
+func (p *Proxy) waitForSlot(r *http.Request, role string, cfg RouteConfig, req routing.Request, rr *routeReq, prio clients.Priority) ([]placement.Candidate, routing.Decision, *APIError) {
 	q := p.router.queue(role)
-	w, ok := q.join(cfg.QueueMax)
+	w, ok := q.join(cfg.QueueMax, prio)
 	if !ok {
 		return nil, routing.Decision{}, errQueueFull(role, cfg.QueueMax)
 	}
@@ -522,19 +527,29 @@ type routeQueue struct {
 	n       atomic.Int32
 }
 
-type waiter struct{ wake chan struct{} }
+type waiter struct {
+	wake chan struct{}
+	prio clients.Priority
+}
 
 func (q *routeQueue) len() int { return int(q.n.Load()) }
 
-// join adds a waiter at the end; false when max are waiting.
-func (q *routeQueue) join(max int) (*waiter, bool) {
+// join adds a waiter behind every waiter of its priority or higher;
+// false when max are waiting. One that joins ahead of the head decides
+// at once (waitForSlot looks before it waits); the head it passed waits
+// on.
+func (q *routeQueue) join(max int, prio clients.Priority) (*waiter, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.waiters) >= max {
 		return nil, false
 	}
-	w := &waiter{wake: make(chan struct{}, 1)}
-	q.waiters = append(q.waiters, w)
+	w := &waiter{wake: make(chan struct{}, 1), prio: prio}
+	i := len(q.waiters)
+	for i > 0 && q.waiters[i-1].prio < prio {
+		i--
+	}
+	q.waiters = slices.Insert(q.waiters, i, w)
 	q.n.Store(int32(len(q.waiters)))
 	return w, true
 }

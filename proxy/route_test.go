@@ -124,7 +124,10 @@ type routeEnv struct {
 	obs   *outcomes
 }
 
-func newRouteEnv(t *testing.T, rc RouteConfig) *routeEnv {
+func newRouteEnv(t *testing.T, rc RouteConfig) *routeEnv { return newRouteEnvWith(t, rc, nil) }
+
+// newRouteEnvWith is newRouteEnv with mod applied to the proxy's config.
+func newRouteEnvWith(t *testing.T, rc RouteConfig, mod func(*Config)) *routeEnv {
 	t.Helper()
 	e := &routeEnv{res: &mutableResolver{}, local: newGate(), peer: newGate(), obs: &outcomes{}}
 	lsrv := httptest.NewServer(e.local)
@@ -135,8 +138,12 @@ func newRouteEnv(t *testing.T, rc RouteConfig) *routeEnv {
 		lsrv.Close()
 		psrv.Close()
 	})
-	p, err := New(Config{Resolver: e.res, Remote: loopRemote{"b": psrv.URL}, Observer: e.obs,
-		Routing: func(string) RouteConfig { return rc }})
+	cfg := Config{Resolver: e.res, Remote: loopRemote{"b": psrv.URL}, Observer: e.obs,
+		Routing: func(string) RouteConfig { return rc }}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,11 +177,14 @@ func (e *routeEnv) send(ctx context.Context, name string) <-chan answer {
 	return e.sendBody(ctx, name, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 }
 
-func (e *routeEnv) sendBody(ctx context.Context, name, body string) <-chan answer {
+func (e *routeEnv) sendBody(ctx context.Context, name, body string, hdr ...string) <-chan answer {
 	out := make(chan answer, 1)
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+pathChat, strings.NewReader(body))
 		req.Header.Set(RequestIDHeader, name)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			out <- answer{err: err}

@@ -47,6 +47,10 @@ func (p *Proxy) sharedHandler(roles func() []string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch route, e := routeApp(w, r); route {
 		case appModels:
+			if e := p.identify(w, r); e != nil {
+				WriteError(w, e)
+				return
+			}
 			p.serveSharedModels(w, r, roles())
 			return
 		case appRefused:
