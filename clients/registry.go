@@ -174,6 +174,16 @@ func (r *Registry) Admit(c Caller, role string) (Ticket, *Refusal) {
 	return r.take(e)
 }
 
+// Identify finds c's client without taking a request (for what no limit
+// counts: the list of models): its name, or the refusal Admit would give.
+func (r *Registry) Identify(c Caller) (string, *Refusal) {
+	e, ref := r.identify(r.snap.Load(), c)
+	if ref != nil {
+		return "", ref
+	}
+	return e.Name, nil
+}
+
 func (r *Registry) identify(s *snapshot, c Caller) (*entry, *Refusal) {
 	if c.Key != "" {
 		h := sha256.Sum256([]byte(c.Key))
@@ -284,7 +294,7 @@ func roundWait(d time.Duration) time.Duration {
 	return d.Round(100 * time.Millisecond)
 }
 
-// Header is one response header.
+// Header is one response header, its name in canonical form.
 type Header struct{ Name, Value string }
 
 // appendRateHeaders appends OpenAI's x-ratelimit headers of the limits l
@@ -294,17 +304,17 @@ func appendRateHeaders(h []Header, l Limits, st *state) []Header {
 		rem := max(int64(st.reqLevel), 0)
 		reset := time.Duration((float64(l.RPM) - st.reqLevel) / perSecond(l.RPM) * float64(time.Second))
 		h = append(h,
-			Header{"x-ratelimit-limit-requests", strconv.FormatInt(l.RPM, 10)},
-			Header{"x-ratelimit-remaining-requests", strconv.FormatInt(rem, 10)},
-			Header{"x-ratelimit-reset-requests", roundWait(max(reset, 0)).String()})
+			Header{"X-Ratelimit-Limit-Requests", strconv.FormatInt(l.RPM, 10)},
+			Header{"X-Ratelimit-Remaining-Requests", strconv.FormatInt(rem, 10)},
+			Header{"X-Ratelimit-Reset-Requests", roundWait(max(reset, 0)).String()})
 	}
 	if l.TPM > 0 {
 		rem := max(int64(st.tokLevel), 0)
 		reset := time.Duration((float64(l.TPM) - st.tokLevel) / perSecond(l.TPM) * float64(time.Second))
 		h = append(h,
-			Header{"x-ratelimit-limit-tokens", strconv.FormatInt(l.TPM, 10)},
-			Header{"x-ratelimit-remaining-tokens", strconv.FormatInt(rem, 10)},
-			Header{"x-ratelimit-reset-tokens", roundWait(max(reset, 0)).String()})
+			Header{"X-Ratelimit-Limit-Tokens", strconv.FormatInt(l.TPM, 10)},
+			Header{"X-Ratelimit-Remaining-Tokens", strconv.FormatInt(rem, 10)},
+			Header{"X-Ratelimit-Reset-Tokens", roundWait(max(reset, 0)).String()})
 	}
 	return h
 }
@@ -346,6 +356,10 @@ func (k refusalKind) String() string {
 // Ticket (no registry, or a request refused before a client was known) is
 // valid and does nothing.
 type Ticket struct{ e *entry }
+
+// ByKey reports whether the client was known by the key the request
+// presented: that key is then this host's alone and goes no further.
+func (t Ticket) ByKey() bool { return t.e != nil && t.e.HasKey() }
 
 // Name is the client's name ("" for the zero Ticket).
 func (t Ticket) Name() string {

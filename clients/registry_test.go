@@ -163,7 +163,7 @@ func TestRequestsPerMinute(t *testing.T) {
 	if got := ref.RetryAfterSeconds(); got != 10 {
 		t.Fatalf("Retry-After = %d s, want 10", got)
 	}
-	want := map[string]string{"x-ratelimit-limit-requests": "6", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m0s"}
+	want := map[string]string{"X-Ratelimit-Limit-Requests": "6", "X-Ratelimit-Remaining-Requests": "0", "X-Ratelimit-Reset-Requests": "1m0s"}
 	got := map[string]string{}
 	for _, h := range ref.Headers {
 		got[h.Name] = h.Value

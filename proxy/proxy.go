@@ -330,9 +330,9 @@ func New(cfg Config) (*Proxy, error) {
 	up := newUpstreamClient(cfg.ConnectTimeout, cfg.UpstreamTimeout, cfg.MaxIdleConnsPerUpstream)
 	return &Proxy{
 		cfg: cfg, up: up, local: tr, log: cfg.Logger, servers: map[string]*roleServer{},
-		bodyMem: &memBudget{max: cfg.MaxBodyMemory},
-		conns:   &connLimiter{max: int64(cfg.MaxConns)},
-		router:  newRouter(),
+		bodyMem:    &memBudget{max: cfg.MaxBodyMemory},
+		conns:      &connLimiter{max: int64(cfg.MaxConns)},
+		router:     newRouter(),
 		meterUsage: cfg.Observer != nil || cfg.Clients != nil,
 	}, nil
 }

@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"maps"
-	"slices"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
